@@ -1,0 +1,1 @@
+"""A simulated SGLang server: SGLang's HTTP contract with a calibrated continuous-batching timing model."""

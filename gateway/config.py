@@ -1,0 +1,162 @@
+"""Gateway configuration: one TOML file, every key also settable as a SPECGATE_... variable.
+
+Nested keys use a double underscore: `SPECGATE_POLICY__THRESHOLD=4`,
+`SPECGATE_SERVER__PORT=9000`. Lists and tables take JSON: `SPECGATE_SECURITY__API_KEYS='["k1"]'`.
+Precedence, highest first: command-line flags, environment, the TOML file, defaults.
+
+With no `[[backends]]` the gateway starts its own (the `[launch]` table; by default two
+simulated servers), so `specgate serve` with no file at all is a complete demo.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from backends.config import LaunchConfig
+
+EAGLE = "eagle"
+PLAIN = "plain"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    drain_timeout: float = Field(default=30.0, description="seconds in-flight requests get on shutdown")
+
+
+class BackendConfig(_Section):
+    """An SGLang (or compatible) server the gateway routes to."""
+
+    name: str
+    url: str
+    speculative: bool
+    api_key: SecretStr | None = None
+    served_model_name: str | None = Field(
+        default=None, description="upstream model id; read from its /v1/models when unset"
+    )
+    max_connections: int = 1024
+
+
+class PolicyConfig(_Section):
+    name: Literal["threshold", "spill"] = "threshold"
+    threshold: int = Field(default=2, ge=0, description="threshold: EAGLE while total in-flight < this")
+    eagle_max_inflight: int = Field(default=48, ge=0, description="spill: EAGLE while its in-flight < this")
+
+
+class TimeoutConfig(_Section):
+    connect: float = 5.0
+    first_byte: float = Field(default=600.0, description="until upstream headers (SGLang sends them with the first token)")
+    idle: float = Field(default=120.0, description="longest silence between two chunks of a response")
+
+
+class HealthConfig(_Section):
+    ready_interval: float = 1.0
+    ready_timeout: float = 2.0
+    health_interval: float = 30.0
+    health_timeout: float = Field(default=25.0, description="SGLang's own /health gives up after 20 s")
+
+
+class SecurityConfig(_Section):
+    api_keys: list[SecretStr] = Field(default_factory=list, description="client keys; empty means open")
+    admin_api_key: SecretStr | None = None
+    metrics_public: bool = Field(default=True, description="/metrics without a key, as SGLang does")
+    allow_route_header: bool = Field(default=True, description="honour x-specgate-route")
+
+
+class LimitsConfig(_Section):
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_inflight: int = Field(default=4096, ge=1, description="beyond this, 429 with Retry-After")
+
+
+class Settings(BaseSettings):
+    """The whole gateway configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPECGATE_", env_nested_delimiter="__", extra="forbid", toml_file=None
+    )
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    backends: list[BackendConfig] = Field(default_factory=list)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+
+    @model_validator(mode="after")
+    def _check_backends(self) -> Settings:
+        names = [b.name for b in self.backends]
+        if len(set(names)) != len(names):
+            raise ValueError(f"backend names must be unique, got {names}")
+        if self.backends and sorted(b.speculative for b in self.backends) != [False, True]:
+            raise ValueError("configure exactly one speculative and one plain backend")
+        return self
+
+    @property
+    def launches_backends(self) -> bool:
+        """True when the gateway starts its own backends instead of pointing at URLs."""
+        return not self.backends
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls),
+        )
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Read the TOML file at `path` (if any), the environment, then apply `overrides`.
+
+    `overrides` are top-level sections as dicts, e.g. `{"server": {"port": 9000}}`; they are merged
+    into what the file and environment give, key by key.
+    """
+    file_cls: type[Settings] = Settings
+    if path is not None:
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        file_cls = type("FileSettings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": path}})
+    base = file_cls()
+    if not overrides:
+        return base
+    merged = base.model_dump()
+    for section, values in overrides.items():
+        if isinstance(values, dict) and isinstance(merged.get(section), dict):
+            merged[section] = {**merged[section], **values}
+        else:
+            merged[section] = values
+    return Settings.model_validate(_reveal_secrets(merged))
+
+
+def _reveal_secrets(value: Any) -> Any:
+    """model_dump keeps SecretStr objects; turn them back into plain strings for re-validation."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, dict):
+        return {k: _reveal_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_reveal_secrets(v) for v in value]
+    return value

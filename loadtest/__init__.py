@@ -1,0 +1,1 @@
+"""Concurrency-sweep load generator for OpenAI-compatible servers, with reports and plots."""
