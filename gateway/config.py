@@ -36,6 +36,9 @@ class ServerConfig(_Section):
     port: int = 8000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     drain_timeout: float = Field(default=30.0, description="seconds in-flight requests get on shutdown")
+    model_name: str | None = Field(
+        default=None, description="model id clients use; the backends' served name when unset"
+    )
 
 
 class BackendConfig(_Section):
@@ -52,9 +55,32 @@ class BackendConfig(_Section):
 
 
 class PolicyConfig(_Section):
-    name: Literal["threshold", "spill"] = "threshold"
-    threshold: int = Field(default=2, ge=0, description="threshold: EAGLE while total in-flight < this")
+    name: Literal["threshold", "spill", "adaptive"] = "threshold"
+    threshold: int = Field(
+        default=1, ge=0, description="threshold: EAGLE while total in-flight < this (1: only a lone request)"
+    )
     eagle_max_inflight: int = Field(default=48, ge=0, description="spill: EAGLE while its in-flight < this")
+    adaptive_eagle_cap: int = Field(
+        default=128,
+        ge=1,
+        description=(
+            "adaptive: most requests EAGLE gets at once; the launched EAGLE server runs that many, so its "
+            "measured TPOT shows its real batch cost (set it <= --max-running-requests of an external server)"
+        ),
+    )
+    adaptive_slo_tpot_ms: float | None = Field(
+        default=None, gt=0, description="adaptive: target TPOT; when no backend meets it, least harm to the target"
+    )
+    adaptive_probe_every: int = Field(
+        default=50, ge=1, description="adaptive: an idle backend unused for this many decisions gets one probe"
+    )
+    adaptive_half_life: float = Field(
+        default=200.0, gt=0, description="adaptive: observations until old TPOT evidence counts half"
+    )
+    adaptive_colocated: bool | None = Field(
+        default=None,
+        description="adaptive: both servers share GPUs (steps serialize); unset: the [launch] topology when launching",
+    )
 
 
 class TimeoutConfig(_Section):
@@ -79,6 +105,9 @@ class SecurityConfig(_Section):
 
 class LimitsConfig(_Section):
     max_body_bytes: int = 8 * 1024 * 1024
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="request line plus headers; larger heads get 431"
+    )
     max_inflight: int = Field(default=4096, ge=1, description="beyond this, 429 with Retry-After")
 
 
@@ -111,6 +140,14 @@ class Settings(BaseSettings):
     def launches_backends(self) -> bool:
         """True when the gateway starts its own backends instead of pointing at URLs."""
         return not self.backends
+
+    @property
+    def resolved_policy(self) -> PolicyConfig:
+        """The [policy] table with `adaptive_colocated` taken from the launch topology when unset."""
+        if self.policy.adaptive_colocated is not None:
+            return self.policy
+        colocated = self.launches_backends and self.launch.topology == "colocated"
+        return self.policy.model_copy(update={"adaptive_colocated": colocated})
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,154 @@
+"""Warnings about launch setups that start but are probably not what the operator meant.
+
+Each check is one small function over the config and the resolved servers, returning the
+warnings it found as sentences that name the config key to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from backends.config import LaunchConfig
+from backends.resolve import COLOCATED, EAGLE, PLAIN, ResolvedServer
+from backends.sglang_args import (
+    DEPRECATED_FLAGS,
+    PARALLEL_FLAGS,
+    REMOVED_FLAGS,
+    flag_value,
+    flags_in,
+    sglang_argv,
+    sglang_server_args,
+)
+
+# Above this, two colocated servers leave too little memory for activations and CUDA graphs.
+COLOCATED_MEM_WARN = 0.9
+
+# Algorithms that speculate with a separate draft checkpoint (NEXTN/MTP use the model's own layers).
+_NEEDS_DRAFT = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
+_EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
+
+Servers = dict[str, ResolvedServer]
+
+
+def check_launch(launch: LaunchConfig, servers: Servers, *, eagle_cap: int) -> list[str]:
+    """Every warning for this launch configuration, most important first."""
+    checks: list[Callable[[LaunchConfig, Servers, int], Iterator[str]]] = [_ports, _sim_files]
+    if launch.engine == "sglang":
+        checks = [_model, _speculative, _gpus, _parallel, _memory, _eagle_limits, _extra_args, *checks]
+    return [w for check in checks for w in check(launch, servers, eagle_cap)]
+
+
+def _model(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    if launch.model_path is None:
+        yield "launch.model_path is not set: SGLang cannot start without --model-path"
+
+
+def _speculative(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    algorithm = launch.speculative_algorithm
+    if algorithm in _NEEDS_DRAFT and launch.draft_model_path is None:
+        yield f"launch.draft_model_path is not set: the EAGLE backend ({algorithm}) needs a draft model"
+    if algorithm in _EAGLE_FAMILY and launch.eagle_topk == 1 and launch.num_draft_tokens != launch.num_steps + 1:
+        yield (
+            f"with eagle_topk = 1 SGLang replaces num_draft_tokens = {launch.num_draft_tokens} by "
+            f"num_steps + 1 = {launch.num_steps + 1}; set it to that to run what you configured"
+        )
+
+
+def _gpus(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    eagle, plain = servers[EAGLE].gpus, servers[PLAIN].gpus
+    if launch.topology == COLOCATED:
+        if launch.eagle.gpus and launch.plain.gpus and set(launch.eagle.gpus) != set(launch.plain.gpus):
+            yield (
+                f"colocated servers should share the same GPUs, got eagle {list(eagle)} and plain "
+                f'{list(plain)}; use topology = "partitioned" to split them'
+            )
+        if not eagle:
+            yield "no GPUs configured: both colocated servers use every GPU the node shows them"
+        return
+    overlap = sorted(set(eagle) & set(plain))
+    if overlap:
+        yield (
+            f"partitioned servers share GPUs {overlap} (eagle {list(eagle)}, plain {list(plain)}); "
+            'give each its own GPUs or use topology = "colocated"'
+        )
+    for server in servers.values():
+        if not server.gpus:
+            yield (
+                f"launch.{server.role}.gpus is empty: in partitioned mode the {server.role} server "
+                "would see every GPU of the node"
+            )
+
+
+def _parallel(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    for server in servers.values():
+        if not server.gpus or server.tp_size is None:
+            continue
+        degrees = {name: int(flag_value(server.extra_args, flags) or 1) for name, flags in PARALLEL_FLAGS.items()}
+        per_replica = server.tp_size * degrees["pp"]
+        used = per_replica * degrees["dp"]
+        count = len(server.gpus)
+        if count % server.tp_size:
+            yield (
+                f"launch.{server.role}: tp_size {server.tp_size} does not divide its {count} GPUs {list(server.gpus)}"
+            )
+        elif used > count:
+            yield f"launch.{server.role}: needs {used} GPUs (tp x pp x dp) but has {count} {list(server.gpus)}"
+        elif used < count:
+            yield (
+                f"launch.{server.role}: uses {used} of its {count} GPUs (tp_size {server.tp_size}); "
+                f"the other {count - used} stay idle unless you add --dp-size {count // per_replica} to extra_args"
+            )
+
+
+def _memory(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    if launch.topology != COLOCATED:
+        return
+    eagle, plain = servers[EAGLE].mem_share or 0.0, servers[PLAIN].mem_share or 0.0
+    if eagle + plain > COLOCATED_MEM_WARN:
+        yield (
+            f"colocated mem_fraction_static shares add up to {eagle + plain:.2f} "
+            f"(eagle {eagle}, plain {plain}): over {COLOCATED_MEM_WARN} leaves the two servers too "
+            "little memory for activations and CUDA graphs"
+        )
+
+
+def _eagle_limits(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    eagle = servers[EAGLE]
+    if eagle.max_running_requests is not None and eagle.max_running_requests < eagle_cap:
+        yield (
+            f"launch.eagle.max_running_requests = {eagle.max_running_requests} is below the routing "
+            f"policy's EAGLE cap {eagle_cap}: the excess requests queue inside SGLang"
+        )
+    for server in servers.values():
+        limit, graph = server.max_running_requests, server.cuda_graph_max_bs_decode
+        if limit is not None and graph is not None and graph < limit:
+            yield (
+                f"launch.{server.role}.cuda_graph_max_bs_decode = {graph} is below its max_running_requests "
+                f"= {limit}: batches above {graph} decode without CUDA graphs (slow)"
+            )
+
+
+def _extra_args(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    for server in servers.values():
+        planned = replace(sglang_server_args(launch, server), extra_args=())
+        own = set(flags_in(sglang_argv(launch.python, planned)))
+        for flag in flags_in(server.extra_args):
+            reason = REMOVED_FLAGS.get(flag) or DEPRECATED_FLAGS.get(flag)
+            if reason is not None:
+                yield f"launch.{server.role}.extra_args: {flag} is {reason}"
+            elif flag in own:
+                yield f"launch.{server.role}.extra_args: {flag} is also set by the plan; the extra value wins"
+
+
+def _ports(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    eagle, plain = servers[EAGLE], servers[PLAIN]
+    if eagle.url == plain.url:
+        yield f"launch.eagle and launch.plain both use {eagle.url}: give them different ports"
+    if launch.engine == "sim" and launch.topology == COLOCATED and eagle.host != plain.host:
+        yield (f"the colocated simulator is one process on one host: it serves both on {eagle.host}, not {plain.host}")
+
+
+def _sim_files(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    if launch.engine == "sim" and launch.profile_file is not None and not launch.profile_file.is_file():
+        yield f"launch.profile_file {launch.profile_file} does not exist"

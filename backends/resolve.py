@@ -1,0 +1,149 @@
+"""Both servers' launch settings with every derived default filled in.
+
+The `[launch]` table leaves most values unset; this module decides them (TP size from the GPU
+list, free ports, the EAGLE server's limits from the routing policy's cap, the colocated memory
+split), so the plan, its warnings and `specgate plan` all see the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backends.config import LaunchConfig
+
+EAGLE = "eagle"
+PLAIN = "plain"
+COLOCATED = "colocated"
+
+# Colocated servers' default shares of each GPU's memory. Each holds a full copy of the weights
+# plus its KV cache, and each needs its own activation and CUDA-graph headroom (SGLang reserves
+# at least 10 GB per server on large GPUs), so together they stay well below one server's ~0.9.
+# EAGLE gets less: it only ever runs the policy's few requests at once.
+COLOCATED_MEM_SHARE = {EAGLE: 0.3, PLAIN: 0.5}
+
+
+class PlanError(ValueError):
+    """The configuration cannot produce a runnable plan."""
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def eagle_running_limit(eagle_cap: int) -> int:
+    """Default `--max-running-requests` (and decode CUDA-graph batch) of the EAGLE server.
+
+    The gateway sends it at most `eagle_cap` requests at once, but SGLang can briefly hold a few
+    more: a non-streaming request whose client left is aborted only on SGLang's next 4 s poll, its
+    own /health probe runs a 1-token generate, and the route header or a failover can add requests
+    beyond the policy. A quarter more (at least 2) keeps those from queueing behind a full batch.
+    It costs little: KV memory is sized by mem_fraction_static, not by this number, and the graph
+    batch sizes SGLang captures for speculation are dense below 32, so the extra graphs are few.
+    Sizing it from the cap instead of SGLang's defaults (48 running, 512-wide graphs on B200)
+    is what leaves the memory to the plain server.
+    """
+    if eagle_cap < 0:
+        raise PlanError(f"eagle_cap must be >= 0, got {eagle_cap}")
+    return eagle_cap + max(2, math.ceil(eagle_cap / 4))
+
+
+@dataclass(frozen=True)
+class ResolvedServer:
+    """One backend's launch settings with every derived default filled in."""
+
+    role: str
+    gpus: tuple[int, ...]
+    tp_size: int | None
+    host: str
+    port: int
+    mem_fraction_static: float | None  # the value SGLang gets
+    mem_share: float | None  # colocated: this server's share of the whole GPU
+    max_running_requests: int | None
+    cuda_graph_max_bs_decode: int | None
+    extra_args: tuple[str, ...]
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        """Where the gateway reaches this server."""
+        return f"http://{_connect_host(self.host)}:{self.port}"
+
+
+def resolve_servers(
+    launch: LaunchConfig, *, eagle_cap: int, free_port: Callable[[], int] = free_loopback_port
+) -> dict[str, ResolvedServer]:
+    """Both servers' settings with derived defaults (TP size, ports, EAGLE limits, memory split)."""
+    running_limit = eagle_running_limit(eagle_cap)
+    colocated = launch.topology == COLOCATED
+    shared_gpus = tuple(launch.eagle.gpus or launch.plain.gpus)
+    shares: dict[str, float | None] = _colocated_shares(launch) if colocated else {EAGLE: None, PLAIN: None}
+    fractions = _sglang_fractions(launch, shares)
+    servers: dict[str, ResolvedServer] = {}
+    for role, cfg in ((EAGLE, launch.eagle), (PLAIN, launch.plain)):
+        gpus = tuple(cfg.gpus) if cfg.gpus or not colocated else shared_gpus
+        max_running = cfg.max_running_requests
+        graph_bs = cfg.cuda_graph_max_bs_decode
+        # Only the real EAGLE server gets derived limits; the simulator's calibrated profile
+        # already holds the capacity it models, so it gets them only when set explicitly.
+        if role == EAGLE and launch.engine == "sglang":
+            max_running = max_running or running_limit
+            graph_bs = graph_bs or max_running
+        servers[role] = ResolvedServer(
+            role=role,
+            gpus=gpus,
+            tp_size=cfg.tp_size or (len(gpus) or None),
+            host=cfg.host,
+            port=cfg.port or free_port(),
+            mem_fraction_static=fractions[role],
+            mem_share=shares[role],
+            max_running_requests=max_running,
+            cuda_graph_max_bs_decode=graph_bs,
+            extra_args=tuple(cfg.extra_args),
+            env=dict(cfg.env),
+        )
+    return servers
+
+
+def _colocated_shares(launch: LaunchConfig) -> dict[str, float | None]:
+    shares: dict[str, float | None] = {
+        role: cfg.mem_fraction_static or COLOCATED_MEM_SHARE[role]
+        for role, cfg in ((EAGLE, launch.eagle), (PLAIN, launch.plain))
+    }
+    total = sum(s for s in shares.values() if s is not None)
+    if total >= 1.0:
+        raise PlanError(
+            f"colocated mem_fraction_static shares add up to {total:.2f} of the GPU memory "
+            f"(eagle {shares[EAGLE]}, plain {shares[PLAIN]}); they must stay below 1 (about 0.8 leaves "
+            "both servers room for activations)"
+        )
+    return shares
+
+
+def _sglang_fractions(launch: LaunchConfig, shares: dict[str, float | None]) -> dict[str, float | None]:
+    """What `--mem-fraction-static` each server gets.
+
+    SGLang leaves `(1 - f) * (memory free when it starts)` unused, so `f` is a share of what is
+    free at its start, not of the GPU. Colocated servers start one after the other (EAGLE first):
+    the EAGLE server sees an empty GPU and gets its share as is; the plain server sees only
+    `1 - eagle_share` free, so its share of the GPU becomes `plain_share / (1 - eagle_share)`
+    (rounded down, so it never takes more than planned).
+    """
+    eagle_share, plain_share = shares[EAGLE], shares[PLAIN]
+    if eagle_share is None or plain_share is None or launch.engine != "sglang":
+        return {EAGLE: launch.eagle.mem_fraction_static, PLAIN: launch.plain.mem_fraction_static}
+    return {EAGLE: eagle_share, PLAIN: math.floor(plain_share / (1.0 - eagle_share) * 1000) / 1000}
+
+
+def _connect_host(host: str) -> str:
+    # A server bound to every interface is still reached over loopback from the gateway.
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,137 @@
+"""One simulated server as the HTTP layer sees it: its role, engine, faults, metrics and lifecycle.
+
+Output length: a request runs to its `max_tokens` (chat: `max_completion_tokens`, else `max_tokens`;
+completions default to 16 as in OpenAI and SGLang) and ends with `finish_reason: "length"`. A chat
+request without either field ends where the simulated model emits EOS: after the profile's
+`default_max_tokens` tokens, with `finish_reason: "stop"` and the profile's `eos_token_id` as
+`matched_stop`. With `ignore_eos` and no limit it runs, as in SGLang, to the context length minus
+the prompt. A stop string ends it early with `finish_reason: "stop"` and `matched_stop` set to it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+from backends.sim.engine import Engine, RequestError, SimRequest
+from backends.sim.faults import FaultState
+from backends.sim.metrics import SimMetrics
+from backends.sim.profiles import Profile, Role, RoleProfile
+from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
+from backends.sim.render import ChatRenderer, CompletionRenderer, Renderer
+from backends.sim.responses import GenerationResponse
+from backends.sim.settings import SimSettings
+from backends.sim.tokenizer import count_chat_tokens, count_tokens
+
+Status = Literal["starting", "up", "draining"]
+
+SGLANG_VERSION = "0.5.23"
+
+
+@dataclass
+class Endpoint:
+    """A role served on one port."""
+
+    role: Role
+    host: str
+    port: int
+    profile: Profile
+    table: RoleProfile
+    settings: SimSettings
+    engine: Engine
+    faults: FaultState
+    metrics: SimMetrics | None
+    served_model_name: str
+    launch_command: str
+    started_at: float = field(default_factory=time.time)
+    status: Status = "starting"
+
+    @property
+    def ready(self) -> bool:
+        """What `/ready` and `/health` report: up, and neither draining nor told to act so."""
+        return self.status == "up" and not self.faults.draining
+
+    @property
+    def speculative_algorithm(self) -> str | None:
+        """SGLang's `speculative_algorithm` for this role."""
+        return "EAGLE3" if self.table.speculative else None
+
+    def start_generation(self, body: ChatCompletionRequest | CompletionRequest) -> GenerationResponse:
+        """Validate `body`, queue it in the engine and return the response that will carry its output."""
+        req, renderer = self._build(body)
+        self.engine.submit(req, hold_seconds=self.faults.first_token_delay)
+        return GenerationResponse(
+            self.engine,
+            req,
+            renderer,
+            include_usage=body.include_usage(),
+            spec_details=self.table.num_draft_tokens
+            if body.return_spec_tokens_details and self.table.speculative
+            else None,
+            faults=self.faults.stream_faults(),
+        )
+
+    def _build(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[SimRequest, Renderer]:
+        if body.n != 1:
+            raise RequestError("n > 1 is not supported by the simulated server; send n separate requests")
+        if isinstance(body.rid, list) and len(body.rid) != 1:
+            raise RequestError("a list of rid (a batched request) is not supported by the simulated server")
+        if isinstance(body, ChatCompletionRequest):
+            if not body.messages:
+                raise RequestError("Messages cannot be empty.")
+            texts = [m.text() for m in body.messages]
+            prompt_tokens = count_chat_tokens(texts)
+            prompt_key = "\n".join(texts)
+            prefix = "chatcmpl-"
+        else:
+            prompt_tokens, prompt_key = _completion_prompt(body.prompt)
+            prefix = "cmpl-"
+        limit = self.profile.context_length
+        if prompt_tokens >= limit:
+            raise RequestError(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length ({limit} tokens)."
+            )
+        requested = body.requested_max_tokens()
+        natural_stop = None
+        if requested is not None:
+            max_new = requested
+        elif body.ignore_eos:
+            max_new = limit - prompt_tokens
+        else:
+            max_new = min(self.profile.default_max_tokens, limit - prompt_tokens)
+            natural_stop = self.profile.eos_token_id
+        if prompt_tokens + max_new > limit:
+            raise RequestError(
+                f"Requested token count exceeds the model's maximum context length of {limit} tokens. You requested "
+                f"a total of {prompt_tokens + max_new} tokens: {prompt_tokens} tokens from the input messages and "
+                f"{max_new} tokens for the completion. Please reduce the number of tokens in the input messages or "
+                "the completion to fit within the limit."
+            )
+        req = SimRequest(
+            rid=body.request_id() or f"{prefix}{uuid.uuid4().hex}",
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max_new,
+            is_streaming=body.stream,
+            text_start=self.engine.text.start_for(prompt_key),
+            stop=body.stop_strings(),
+            natural_stop=natural_stop,
+        )
+        renderer_class = ChatRenderer if isinstance(body, ChatCompletionRequest) else CompletionRenderer
+        return req, renderer_class(req.rid, int(req.created), body.model)
+
+
+def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[int, str]:
+    """Prompt tokens and the text key of a completions prompt (a string, one string, or token ids)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("Prompt cannot be empty")
+        return count_tokens(prompt), prompt
+    if not prompt:
+        raise RequestError("Prompt cannot be empty")
+    if all(isinstance(t, int) for t in prompt):
+        return len(prompt), ",".join(str(t) for t in prompt)
+    raise RequestError("a list of prompts (a batched request) is not supported by the simulated server")

@@ -1,0 +1,309 @@
+"""Calibration profiles: the step-time model of each simulated server role, and its analytic predictions.
+
+A profile holds one table per role (`plain`, `eagle`, `adaptive`) in the file format of
+`/work/shared/ref/calibration.md`. Two profiles are built in; a TOML or JSON file overrides any key
+of the profile it is applied to, so a deployment can be simulated from its own measurements.
+
+The `adaptive` table models one EAGLE server running SGLang's `--speculative-adaptive`: it speculates
+while its running batch is below `adaptive_off_batch` and otherwise runs plain decode steps that still
+pay the draft model's per-step cost (`off_overhead`). Every key left out of that table is derived from
+the `eagle` and `plain` tables (see `derive_adaptive`), so overriding `eagle.tau` also moves the
+adaptive server's behaviour.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Role = Literal["plain", "eagle", "adaptive"]
+ROLES: tuple[Role, ...] = ("plain", "eagle", "adaptive")
+
+# vLLM measured the K=0 proposer at 1.71 ms of a 21.25 ms step (8%); see calibration.md sources.
+DEFAULT_OFF_OVERHEAD = 0.08
+
+
+class ProfileError(ValueError):
+    """A profile name, file or value that cannot be used."""
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RoleProfile(_Table):
+    """Step-time model of one server: a step takes `t0_ms + per_request_ms * B` for B running requests."""
+
+    t0_ms: float = Field(gt=0, description="fixed cost of one decode step, ms")
+    per_request_ms: float = Field(ge=0, description="added step cost per running request, ms")
+    tau: float = Field(default=1.0, ge=1.0, description="mean tokens per request per step (acceptance length)")
+    num_draft_tokens: int = Field(default=1, ge=1, description="most tokens one request can gain in one step")
+    max_running_requests: int = Field(ge=1)
+    prefill_ms_per_token: float = Field(ge=0, description="prefill cost per prompt token, charged to the joining step")
+    max_total_tokens: int = Field(ge=1, description="KV cache capacity in tokens")
+
+    @model_validator(mode="after")
+    def _tau_within_draft(self) -> RoleProfile:
+        if self.tau > self.num_draft_tokens:
+            raise ValueError(f"tau ({self.tau}) cannot exceed num_draft_tokens ({self.num_draft_tokens})")
+        return self
+
+    @property
+    def speculative(self) -> bool:
+        """Whether steps can yield more than one token per request."""
+        return self.num_draft_tokens > 1
+
+    def step_ms(self, batch: int) -> float:
+        """Modelled duration of one decode step with `batch` running requests (prefill excluded), ms."""
+        return self.t0_ms + self.per_request_ms * batch
+
+    def tokens_per_step(self, batch: int) -> float:
+        """Mean tokens one running request gains per step at this batch size."""
+        return self.tau
+
+    def is_speculating(self, batch: int) -> bool:
+        """Whether a step at this batch size drafts tokens."""
+        return self.speculative
+
+
+class AdaptiveProfile(RoleProfile):
+    """An EAGLE server that stops drafting at `adaptive_off_batch` running requests but keeps its cost."""
+
+    plain_t0_ms: float = Field(gt=0, description="t0 of the plain decode step the server falls back to, ms")
+    plain_per_request_ms: float = Field(ge=0)
+    off_overhead: float = Field(
+        default=DEFAULT_OFF_OVERHEAD, ge=0, description="draft cost when off, fraction of the plain step"
+    )
+    adaptive_off_batch: int = Field(ge=1, description="running batch size from which the server stops drafting")
+
+    def is_speculating(self, batch: int) -> bool:
+        return batch < self.adaptive_off_batch
+
+    def step_ms(self, batch: int) -> float:
+        if self.is_speculating(batch):
+            return super().step_ms(batch)
+        return (self.plain_t0_ms + self.plain_per_request_ms * batch) * (1.0 + self.off_overhead)
+
+    def tokens_per_step(self, batch: int) -> float:
+        return self.tau if self.is_speculating(batch) else 1.0
+
+
+class Profile(_Table):
+    """A simulated deployment: the model it serves and one step-time table per server role."""
+
+    name: str
+    model_path: str = Field(description="reported as model_path and, unless overridden, the served model name")
+    model_type: str = "llama"
+    architectures: list[str] = Field(default_factory=lambda: ["LlamaForCausalLM"])
+    accelerator: str = Field(description="GPU name reported by /v1/loads")
+    num_gpus: int = Field(ge=1, description="GPUs behind each server (its TP size)")
+    context_length: int = Field(ge=2)
+    default_max_tokens: int = Field(
+        ge=1, description="output length of a chat request without max_tokens: where the simulated model emits EOS"
+    )
+    eos_token_id: int = Field(default=2, description="reported as matched_stop when the simulated EOS ends a request")
+    max_prefill_tokens: int = Field(
+        default=16384, ge=1, description="prompt tokens admitted per step (SGLang's --max-prefill-tokens)"
+    )
+    plain: RoleProfile
+    eagle: RoleProfile
+    adaptive: AdaptiveProfile
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_adaptive(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("eagle"), dict) and isinstance(data.get("plain"), dict):
+            data = dict(data)
+            data["adaptive"] = derive_adaptive(data["eagle"], data["plain"], data.get("adaptive") or {})
+        return data
+
+    def role(self, role: Role) -> RoleProfile:
+        """The table of one role."""
+        if role not in ROLES:
+            raise ProfileError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        table: RoleProfile = getattr(self, role)
+        return table
+
+    def step_time_s(self, role: Role, batch: int) -> float:
+        """Modelled decode step time at `batch` running requests, seconds (time-scale 1)."""
+        return self.role(role).step_ms(batch) / 1000.0
+
+    def output_throughput(self, role: Role, batch: int) -> float:
+        """Modelled steady-state output tokens/s of one server with `batch` requests decoding (calibration.md)."""
+        table = self.role(role)
+        return batch * table.tokens_per_step(batch) * 1000.0 / table.step_ms(batch)
+
+    def tpot_s(self, role: Role, batch: int) -> float:
+        """Modelled time per output token of one request at `batch`, seconds: step time / tokens per step."""
+        table = self.role(role)
+        return table.step_ms(batch) / table.tokens_per_step(batch) / 1000.0
+
+    def closed_loop_throughput(self, role: Role, concurrency: int, output_tokens: int, prompt_tokens: int) -> float:
+        """Modelled output tokens/s of `concurrency` clients each sending fixed-length requests back to back.
+
+        Each request costs one joining step (prefill plus its first token) and then enough decode
+        steps to produce the rest at `tokens_per_step` each; every cycle of the batch also pays the
+        prefill of all its requests. Clients beyond the running cap wait, adding no throughput.
+        """
+        table = self.role(role)
+        batch = min(concurrency, table.max_running_requests)
+        steps = 1 + (output_tokens - 1) / table.tokens_per_step(batch)
+        cycle_ms = steps * table.step_ms(batch) + batch * prompt_tokens * table.prefill_ms_per_token
+        return batch * output_tokens * 1000.0 / cycle_ms
+
+    def crossover_batch(self, limit: int = 4096) -> int | None:
+        """Smallest batch at which a plain server's throughput is at least the EAGLE server's; None within `limit`."""
+        for batch in range(1, limit + 1):
+            if self.output_throughput("plain", batch) >= self.output_throughput("eagle", batch):
+                return batch
+        return None
+
+
+def derive_adaptive(eagle: dict[str, Any], plain: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The `[adaptive]` table: keys in `given` win, the rest come from the eagle and plain tables.
+
+    Defaults are chosen to be fair to a single `--speculative-adaptive` server: its draft path and KV
+    capacity are the EAGLE server's (the draft's weights and KV stay allocated), its running cap is
+    raised to the plain server's (as an operator would, else SGLang's cap of 48 applies), and it stops
+    drafting exactly where drafting stops paying even after the off-mode overhead.
+    """
+    table: dict[str, Any] = {
+        key: eagle[key]
+        for key in ("t0_ms", "per_request_ms", "tau", "num_draft_tokens", "prefill_ms_per_token", "max_total_tokens")
+        if key in eagle
+    }
+    table["plain_t0_ms"] = plain.get("t0_ms")
+    table["plain_per_request_ms"] = plain.get("per_request_ms")
+    table["max_running_requests"] = plain.get("max_running_requests")
+    table["off_overhead"] = DEFAULT_OFF_OVERHEAD
+    table.update(given)
+    if "adaptive_off_batch" not in given:
+        table["adaptive_off_batch"] = _best_off_batch(table)
+    return table
+
+
+def _best_off_batch(table: dict[str, Any]) -> int | None:
+    """First batch size at which the off-mode step gives each request tokens at least as fast as drafting."""
+    try:
+        t0e, ae, tau = float(table["t0_ms"]), float(table["per_request_ms"]), float(table.get("tau", 1.0))
+        t0p, ap = float(table["plain_t0_ms"]), float(table["plain_per_request_ms"])
+        overhead, cap = float(table["off_overhead"]), int(table["max_running_requests"])
+    except (KeyError, TypeError, ValueError):
+        return None  # validation of the table reports the missing or malformed key
+    for batch in range(1, cap + 1):
+        if tau * (t0p + ap * batch) * (1.0 + overhead) <= t0e + ae * batch:
+            return batch
+    return cap + 1  # drafting pays at every batch the server can run: it never switches off
+
+
+_FIELD_8GPU: dict[str, Any] = {
+    "name": "field-8gpu",
+    "model_path": "specgate-sim/field-8gpu",
+    "accelerator": "NVIDIA B200 (simulated)",
+    "num_gpus": 8,
+    "context_length": 131072,
+    "default_max_tokens": 256,
+    "plain": {
+        "t0_ms": 4.53,
+        "per_request_ms": 1.294,
+        "tau": 1.0,
+        "num_draft_tokens": 1,
+        "max_running_requests": 256,
+        "prefill_ms_per_token": 0.125,
+        "max_total_tokens": 400000,
+    },
+    "eagle": {
+        "t0_ms": 5.82,
+        "per_request_ms": 8.47,
+        "tau": 3.0,
+        "num_draft_tokens": 4,
+        "max_running_requests": 48,
+        "prefill_ms_per_token": 0.125,
+        "max_total_tokens": 200000,
+    },
+}
+
+# KV capacities are estimates for an 80 GB H100 (16 GB of bf16 weights, 128 KiB of KV per token);
+# the EAGLE server loses some to the draft model's weights and KV.
+_LLAMA8B_H100: dict[str, Any] = {
+    "name": "llama8b-h100",
+    "model_path": "meta-llama/Llama-3.1-8B-Instruct",
+    "accelerator": "NVIDIA H100 80GB HBM3 (simulated)",
+    "num_gpus": 1,
+    "context_length": 131072,
+    "default_max_tokens": 256,
+    "eos_token_id": 128009,
+    "plain": {
+        "t0_ms": 6.27,
+        "per_request_ms": 0.045,
+        "tau": 1.0,
+        "num_draft_tokens": 1,
+        "max_running_requests": 256,
+        "prefill_ms_per_token": 0.02,
+        "max_total_tokens": 400000,
+    },
+    "eagle": {
+        "t0_ms": 10.71,
+        "per_request_ms": 0.149,
+        "tau": 2.9,
+        "num_draft_tokens": 4,
+        "max_running_requests": 48,
+        "prefill_ms_per_token": 0.02,
+        "max_total_tokens": 385000,
+    },
+}
+
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {p["name"]: p for p in (_FIELD_8GPU, _LLAMA8B_H100)}
+DEFAULT_PROFILE = "field-8gpu"
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def read_profile_file(path: Path) -> dict[str, Any]:
+    """The raw tables of a TOML (`.toml`) or JSON file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ProfileError(
+            f"profile file {path} is not valid {'JSON' if path.suffix.lower() == '.json' else 'TOML'}: {exc}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile file {path} must hold a table of keys, got {type(data).__name__}")
+    return data
+
+
+def load_profile(
+    name: str = DEFAULT_PROFILE, path: Path | None = None, overrides: dict[str, Any] | None = None
+) -> Profile:
+    """Built-in profile `name`, with the keys of the file at `path` and then `overrides` laid over it."""
+    if name not in BUILTIN_PROFILES:
+        raise ProfileError(f"unknown profile {name!r}; built-in profiles are {', '.join(sorted(BUILTIN_PROFILES))}")
+    data = BUILTIN_PROFILES[name]
+    source = f"profile {name!r}"
+    if path is not None:
+        data = _merge(data, read_profile_file(path))
+        source = f"profile file {path}"
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors())
+        raise ProfileError(f"invalid {source}: {problems}") from exc

@@ -1,0 +1,173 @@
+"""Bodies of SGLang's informational routes: `/v1/models`, `/model_info`, `/server_info`, `/v1/loads`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from backends.sim.endpoint import SGLANG_VERSION, Endpoint
+
+LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+
+# Bytes of KV per token reported in the memory section (a Llama-3.1-8B-like layout); display only.
+_KV_BYTES_PER_TOKEN = 131072
+
+
+def model_card(ep: Endpoint, model_id: str) -> dict[str, Any]:
+    """One entry of `/v1/models`."""
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": int(ep.started_at),
+        "owned_by": "sglang",
+        "root": model_id,
+        "parent": None,
+        "max_model_len": ep.profile.context_length,
+    }
+
+
+def model_list(ep: Endpoint) -> dict[str, Any]:
+    """`GET /v1/models`."""
+    return {"object": "list", "data": [model_card(ep, ep.served_model_name)]}
+
+
+def model_info(ep: Endpoint) -> dict[str, Any]:
+    """`GET /model_info`."""
+    return {
+        "model_path": ep.profile.model_path,
+        "tokenizer_path": ep.profile.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": ep.profile.model_type,
+        "architectures": ep.profile.architectures,
+    }
+
+
+def server_info(ep: Endpoint) -> dict[str, Any]:
+    """`GET /server_info`: the server arguments SGLang reports, scheduler info and per-rank internal state."""
+    table, engine = ep.table, ep.engine
+    speculative = table.speculative
+    state: dict[str, Any] = {
+        "last_gen_throughput": engine.gen_throughput(),
+        "memory_usage": _memory(ep),
+    }
+    if speculative:
+        state["avg_spec_accept_length"] = engine.accept_length()
+    return {
+        "model_path": ep.profile.model_path,
+        "tokenizer_path": ep.profile.model_path,
+        "served_model_name": ep.served_model_name,
+        "host": ep.host,
+        "port": ep.port,
+        "context_length": ep.profile.context_length,
+        "tp_size": ep.profile.num_gpus,
+        "dp_size": 1,
+        "max_running_requests": table.max_running_requests,
+        "max_total_tokens": table.max_total_tokens,
+        "max_prefill_tokens": ep.profile.max_prefill_tokens,
+        "speculative_algorithm": ep.speculative_algorithm,
+        "speculative_draft_model_path": f"{ep.profile.model_path}-eagle3" if speculative else None,
+        "speculative_num_steps": table.num_draft_tokens - 1 if speculative else None,
+        "speculative_eagle_topk": 1 if speculative else None,
+        "speculative_num_draft_tokens": table.num_draft_tokens if speculative else None,
+        "speculative_adaptive": ep.role == "adaptive",
+        "enable_metrics": ep.metrics is not None,
+        "skip_server_warmup": False,
+        "max_total_num_tokens": table.max_total_tokens,
+        "max_req_input_len": min(ep.profile.context_length, table.max_total_tokens) - 1,
+        "internal_states": [state],
+        "version": SGLANG_VERSION,
+        "launch_command": ep.launch_command,
+        "sim": {
+            "role": ep.role,
+            "profile": ep.profile.model_dump(),
+            "time_scale": ep.settings.time_scale,
+            "seed": ep.settings.seed,
+        },
+    }
+
+
+def _memory(ep: Endpoint) -> dict[str, Any]:
+    capacity = ep.table.max_total_tokens
+    return {
+        "weight_gb": 0.0,
+        "kv_cache_gb": round(capacity * _KV_BYTES_PER_TOKEN / 2**30, 3),
+        "graph_gb": 0.0,
+        "token_capacity": capacity,
+    }
+
+
+def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
+    """One `loads[]` entry of `/v1/loads` (rank 0, the only rank); `include` as validated by the caller."""
+    engine, table = ep.engine, ep.table
+    running, used = len(engine.running), engine.used_tokens()
+    capacity = table.max_total_tokens
+    entry: dict[str, Any] = {
+        "dp_rank": 0,
+        "num_running_reqs": running,
+        "num_waiting_reqs": len(engine.waiting),
+        "num_waiting_uncached_tokens": engine.waiting_prompt_tokens(),
+        "num_used_tokens": used,
+        "num_total_tokens": engine.kv_reserved,
+        "num_active_tokens": used,
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": capacity,
+        "max_running_requests": table.max_running_requests,
+        "token_usage": used / capacity,
+        "gen_throughput": engine.gen_throughput(),
+        "cache_hit_rate": 0.0,
+        "utilization": running / table.max_running_requests,
+        "total_prefill_uncached_tokens": engine.prefill_tokens_total,
+        "total_prefill_busy_us": int(engine.prefill_busy_seconds * 1e6 * ep.settings.time_scale),
+    }
+    sections = include or {"all"}
+    every = "all" in sections
+    if every or "memory" in sections:
+        entry["memory"] = _memory(ep)
+    if table.speculative and (every or "spec" in sections):
+        accept = engine.accept_length()
+        entry["speculative"] = {"accept_length": accept, "accept_rate": (accept - 1.0) / (table.num_draft_tokens - 1)}
+    if every or "queues" in sections:
+        entry["queues"] = {
+            "waiting": len(engine.waiting),
+            "grammar": 0,
+            "paused": 0,
+            "retracted": 0,
+            "prealloc_ready": 0,
+        }
+    return entry
+
+
+def loads(ep: Endpoint, include: set[str] | None, dp_rank: int | None) -> dict[str, Any]:
+    """`GET /v1/loads` as JSON."""
+    return {
+        "timestamp": datetime.now(UTC).isoformat(),
+        "version": SGLANG_VERSION,
+        "accelerator": ep.profile.accelerator,
+        "num_accelerators": ep.profile.num_gpus,
+        "loads": [load_entry(ep, include)] if dp_rank in (None, 0) else [],
+    }
+
+
+def loads_prometheus(ep: Endpoint, include: set[str] | None, dp_rank: int | None) -> str:
+    """`GET /v1/loads?format=prometheus`: every number as a gauge `sglang_<key>{dp_rank="0"}`."""
+    if dp_rank not in (None, 0):
+        return "\n"
+    prefixes = {"speculative": "spec"}
+    lines: list[str] = []
+    for key, value in load_entry(ep, include).items():
+        if key == "dp_rank":
+            continue
+        items = (
+            [(f"sglang_{prefixes.get(key, key)}_{sub}", v) for sub, v in value.items()]
+            if isinstance(value, dict)
+            else [(f"sglang_{key}", value)]
+        )
+        for name, number in items:
+            if isinstance(number, (int, float)):
+                lines.append(f"# TYPE {name} gauge")
+                lines.append(f'{name}{{dp_rank="0"}} {number}')
+    return "\n".join(lines) + "\n"

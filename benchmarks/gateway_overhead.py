@@ -1,0 +1,149 @@
+"""Benchmark: latency the gateway adds over calling the backend directly.
+
+One stamping SSE source (benchmarks/sse_source.py) serves as both backends; the same load is sent
+to it directly and through `specgate serve`, in alternating rounds within one run. Non-streaming:
+request latency p50/p99, gateway minus direct. Streaming: per-chunk delivery latency (arrival minus
+the sender's CLOCK_MONOTONIC stamp, comparable across processes), gateway minus direct. Source,
+gateway and this client are three processes sharing the machine's 2 cores.
+
+    python benchmarks/gateway_overhead.py --out docs/benchmarks/gateway-overhead.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+import uvloop
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+async def _non_stream(session: aiohttp.ClientSession, url: str, concurrency: int, requests: int) -> list[float]:
+    # 10 tokens at the source's step: requests last about as long as short real generations.
+    body = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10})
+    latencies: list[float] = []
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+            latencies.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, concurrency: int, chunks: int) -> list[float]:
+    body = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": chunks, "stream": True})
+    delays: list[float] = []
+
+    async def one() -> None:
+        async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+            assert resp.status == 200, resp.status
+            while event := await resp.content.readuntil(b"\n\n"):
+                payload = event[5:].strip()
+                if payload != b"[DONE]":
+                    delays.append(time.monotonic() - orjson.loads(payload)["ts"])
+
+    await asyncio.gather(*(one() for _ in range(concurrency)))
+    return delays
+
+
+async def bench(direct: str, gateway: str, rounds: int) -> list[tuple[str, int, dict[str, list[float]]]]:
+    scenarios = [("non-streaming request", 1, 100), ("non-streaming request", 256, 1536), ("streamed chunk", 1, 200), ("streamed chunk", 256, 40)]
+    out = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
+        for kind, conc, size in scenarios:
+            samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+            for _ in range(rounds):
+                for name, base in (("direct", direct), ("gateway", gateway)):
+                    url = base + "/v1/chat/completions"
+                    if kind.startswith("non"):
+                        samples[name] += await _non_stream(session, url, conc, size)
+                    else:
+                        samples[name] += await _stream(session, url, conc, size)
+            out.append((kind, conc, samples))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--step", type=float, default=0.05, help="source: seconds between chunks of one stream")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    src_port, gw_port = _free_port(), _free_port()
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "gw.toml"
+        backends = "".join(
+            f'[[backends]]\nname = "{n}"\nurl = "http://127.0.0.1:{src_port}"\nspeculative = {s}\n' for n, s in (("eagle", "true"), ("plain", "false"))
+        )
+        config.write_text(f"[server]\nport = {gw_port}\nlog_level = \"warning\"\n{backends}")
+        try:
+            source = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(src_port), "--step", str(args.step)],
+                                      stdout=subprocess.PIPE, start_new_session=True)
+            procs.append(source)
+            assert source.stdout is not None and source.stdout.readline().strip() == b"ready"
+            gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+                                       stdout=subprocess.PIPE, start_new_session=True)
+            procs.append(gateway)
+            assert gateway.stdout is not None
+            line = gateway.stdout.readline().decode()
+            if not re.search(r"serving on", line):
+                raise RuntimeError(f"gateway did not start: {line!r}")
+            results = uvloop.run(bench(f"http://127.0.0.1:{src_port}", f"http://127.0.0.1:{gw_port}", args.rounds))
+        finally:
+            for p in procs:
+                os.killpg(p.pid, 15)
+                p.wait()
+    lines = [
+        "# Gateway overhead: added latency versus calling the backend directly",
+        "",
+        f"Command: `python benchmarks/{Path(__file__).name} --step {args.step} --rounds {args.rounds}`",
+        "",
+        "Source: benchmarks/sse_source.py (chunks every "
+        f"{args.step * 1e3:g} ms per stream, stamped with the sender's monotonic clock); gateway: `specgate serve` "
+        "with both backends pointing at the source; client: aiohttp in a third process. Direct and gateway rounds "
+        f"alternate ({args.rounds} rounds each). Added = gateway minus direct at the same percentile.",
+        "",
+        "| measured | concurrency | direct p50 (ms) | gateway p50 (ms) | added p50 (ms) | direct p99 (ms) | gateway p99 (ms) | added p99 (ms) | samples |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, conc, s in results:
+        d50, g50 = _pct(s["direct"], 0.5) * 1e3, _pct(s["gateway"], 0.5) * 1e3
+        d99, g99 = _pct(s["direct"], 0.99) * 1e3, _pct(s["gateway"], 0.99) * 1e3
+        lines.append(f"| {kind} | {conc} | {d50:.2f} | {g50:.2f} | {g50 - d50:.2f} | {d99:.2f} | {g99:.2f} | {g99 - d99:.2f} | {len(s['gateway'])} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

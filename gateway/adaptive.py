@@ -1,0 +1,242 @@
+"""The adaptive routing policy: send each request where it is predicted to decode fastest.
+
+Each backend has a `TpotEstimator` (gateway/estimator.py) of its time per output token as a
+function of its in-flight count, fitted from the responses the gateway relays. A request goes to
+the backend whose predicted TPOT, once this request is added, is lowest, within the EAGLE cap.
+Rules, in order, each with its own reason label:
+
+1. `adaptive_unavailable`: only one backend can take traffic.
+2. While a backend has no fit yet (`adaptive_prior` / `adaptive_explore`): a lone request
+   speculates (calibration.md's shape: speculation pays at batch 1), an idle unfitted backend gets
+   the request so it is measured, everything else goes to plain decode.
+3. `adaptive_explore`: a backend that received nothing in the last `probe_every` decisions gets one
+   request, but only while it is idle, so a probe costs at most one request's slowdown and never
+   disturbs a busy server.
+4. `adaptive_slo` (only with a TPOT target, when no backend can take the request within it): the
+   backend where it pushes the fewest requests over the target.
+5. `adaptive_cap`: EAGLE would be faster but already has `eagle_cap` requests.
+6. `adaptive_predicted_faster`: the lower predicted TPOT.
+
+Greedy per request, not system-optimal: every request gets the backend that is best for it, which
+in steady state equalizes the two servers' TPOT. That equilibrium is reached by feedback from
+measured TPOT even when the fitted slopes are off; the throughput-optimal split depends on the
+slopes directly. docs/adaptive.md has the numbers.
+
+Co-located (`colocated`): both servers' steps share one GPU timeline, so a request on one slows
+every request on the other, and a split pays both servers' fixed step cost every round. There
+each prediction is made at the TOTAL in-flight count, i.e. "which server would serve the whole
+current load faster": a learned threshold at the crossover, with no steady split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import PolicyConfig
+from gateway.estimator import EstimatorConfig, TpotEstimator
+from gateway.pool import BackendView, PoolSnapshot
+from gateway.routing import Completion, Decision, Policy
+
+# Weak prior that speculation is the faster choice for the first requests: EAGLE's prediction is
+# scaled by 1 - SPEC_PRIOR * w0 / (w0 + evidence), fading as its evidence (in full-length
+# responses) grows. It keeps one noisy short warm-up response from parking a lone request on the
+# plain server until the next probe.
+SPEC_PRIOR = 0.2
+SPEC_PRIOR_WEIGHT = 1.0
+
+
+@dataclass
+class _Arm:
+    """What the policy keeps per backend."""
+
+    estimator: TpotEstimator
+    speculative: bool | None = None  # learned from the first snapshot that lists the backend
+    since_routed: int = 0  # decisions since it last received a request
+    was_available: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"speculative": self.speculative, **self.estimator.describe()}
+
+
+class AdaptivePolicy(Policy):
+    """Routes by predicted time per output token; learns each backend's TPOT(n) online."""
+
+    name = "adaptive"
+
+    def __init__(
+        self,
+        eagle_cap: int = 128,
+        *,
+        slo_tpot: float | None = None,
+        probe_every: int = 50,
+        colocated: bool = False,
+        estimator: EstimatorConfig | None = None,
+    ) -> None:
+        """`eagle_cap`: most requests EAGLE gets at once; `slo_tpot`: target seconds per token
+        (None: off); `probe_every`: decisions without traffic after which an idle backend is
+        probed; `colocated`: both servers share one GPU timeline."""
+        if eagle_cap < 1:
+            raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be at least 1, got {probe_every}")
+        if slo_tpot is not None and not slo_tpot > 0:
+            raise ValueError(f"the TPOT target must be positive, got {slo_tpot}")
+        self.cap = eagle_cap
+        self.slo_tpot = slo_tpot
+        self.probe_every = probe_every
+        self.colocated = colocated
+        self.estimator = estimator or EstimatorConfig()
+        self._arms: dict[str, _Arm] = {}
+        self._live: Callable[[], PoolSnapshot] | None = None
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig) -> AdaptivePolicy:
+        """The policy as the `[policy]` table configures it."""
+        slo = config.adaptive_slo_tpot_ms
+        return cls(
+            config.adaptive_eagle_cap,
+            slo_tpot=slo / 1000.0 if slo is not None else None,
+            probe_every=config.adaptive_probe_every,
+            colocated=bool(config.adaptive_colocated),
+            estimator=EstimatorConfig(half_life=config.adaptive_half_life),
+        )
+
+    @property
+    def eagle_cap(self) -> int:
+        return self.cap
+
+    def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
+        self._live = snapshot
+
+    def choose(self, snapshot: PoolSnapshot) -> Decision:
+        spec = plain = snapshot.backends[0]
+        for view in snapshot.backends:
+            if view.speculative:
+                spec = view
+            else:
+                plain = view
+        e, p = self._arm(spec, True), self._arm(plain, False)
+        decision = self._decide(spec, plain, e, p)
+        if decision.backend == spec.name:
+            e.since_routed, p.since_routed = 0, p.since_routed + 1
+        else:
+            e.since_routed, p.since_routed = e.since_routed + 1, 0
+        return decision
+
+    def observe(self, completion: Completion) -> None:
+        tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
+        if tokens < 1 or completion.decode_seconds <= 0.0:
+            return
+        arm = self._arms.get(completion.backend)
+        if arm is None:  # a forced route can finish before the policy ever routed there
+            arm = self._arms[completion.backend] = _Arm(TpotEstimator(self.estimator))
+        arm.estimator.observe(completion.mean_inflight, completion.decode_seconds / tokens, tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "eagle_cap": self.cap,
+            "slo_tpot_seconds": self.slo_tpot,
+            "probe_every": self.probe_every,
+            "colocated": self.colocated,
+            "half_life": self.estimator.half_life,
+            "beliefs": self.beliefs(),
+        }
+
+    def beliefs(self) -> dict[str, Any]:
+        """Fitted lines, predicted TPOT for one more request at the current load, and the crossover."""
+        snapshot = self._live() if self._live is not None else None
+        inflight = {b.name: b.inflight for b in snapshot.backends} if snapshot else {}
+        total = sum(inflight.values())
+        predicted = {}
+        for name, arm in self._arms.items():
+            if arm.estimator.fitted:
+                n = total if self.colocated else inflight.get(name, 0)
+                factor = self._spec_factor(arm) if arm.speculative else 1.0
+                predicted[name] = arm.estimator.predict(n + 1) * factor
+        beliefs: dict[str, Any] = {
+            "predicted_tpot_seconds": predicted,
+            "backends": {name: arm.describe() for name, arm in self._arms.items()},
+        }
+        crossover = self.crossover()
+        if crossover is not None:
+            beliefs["crossover_concurrency"] = crossover
+        return beliefs
+
+    def crossover(self) -> float | None:
+        """The batch size from which a plain server decodes faster than the EAGLE one, per the fits.
+
+        Where the two fitted lines cross (calibration.md's crossover); 0 when plain is faster at
+        every load, infinity when EAGLE is, None until both are fitted.
+        """
+        spec = next((a.estimator for a in self._arms.values() if a.speculative), None)
+        plain = next((a.estimator for a in self._arms.values() if a.speculative is False), None)
+        if spec is None or plain is None or not (spec.fitted and plain.fitted):
+            return None
+        gap = plain.alpha - spec.alpha  # how much slower plain is at zero load
+        slope_gap = spec.beta - plain.beta  # how much faster EAGLE's TPOT grows per request
+        if gap <= 0.0:
+            return 0.0 if slope_gap >= 0.0 else math.inf
+        if slope_gap <= 0.0:
+            return math.inf
+        return gap / slope_gap
+
+    def _arm(self, view: BackendView, speculative: bool) -> _Arm:
+        arm = self._arms.get(view.name)
+        if arm is None:
+            arm = self._arms[view.name] = _Arm(TpotEstimator(self.estimator))
+        arm.speculative = speculative
+        if view.available and not arm.was_available and arm.estimator.fitted:
+            # Back after an outage (a restart, maybe with other settings): re-learn fast from
+            # the old fit, and measure it at the next idle moment.
+            arm.estimator.forget(self.estimator.relearn_keep)
+            arm.since_routed = self.probe_every
+        arm.was_available = view.available
+        return arm
+
+    def _spec_factor(self, arm: _Arm) -> float:
+        return 1.0 - SPEC_PRIOR * SPEC_PRIOR_WEIGHT / (SPEC_PRIOR_WEIGHT + arm.estimator.evidence)
+
+    def _decide(self, spec: BackendView, plain: BackendView, e: _Arm, p: _Arm) -> Decision:
+        if not (spec.available and plain.available):
+            return Decision(plain.name if plain.available else spec.name, "adaptive_unavailable")
+        n_e, n_p = spec.inflight, plain.inflight
+        eagle_open = n_e < self.cap
+        if not (e.estimator.fitted and p.estimator.fitted):
+            if n_e + n_p == 0 and eagle_open:
+                return Decision(spec.name, "adaptive_prior")
+            if not p.estimator.fitted and n_p == 0:
+                return Decision(plain.name, "adaptive_explore")
+            if not e.estimator.fitted and n_e == 0 and eagle_open:
+                return Decision(spec.name, "adaptive_explore")
+            return Decision(plain.name, "adaptive_prior")
+        if p.since_routed >= self.probe_every and n_p == 0:
+            return Decision(plain.name, "adaptive_explore")
+        if e.since_routed >= self.probe_every and n_e == 0 and eagle_open:
+            return Decision(spec.name, "adaptive_explore")
+        x_e, x_p = (n_e + n_p + 1, n_e + n_p + 1) if self.colocated else (n_e + 1, n_p + 1)
+        pred_e = e.estimator.predict(x_e) * self._spec_factor(e)
+        pred_p = p.estimator.predict(x_p)
+        if self.slo_tpot is not None and eagle_open and min(pred_e, pred_p) > self.slo_tpot:
+            return self._least_harm(spec, plain, e, p, pred_e < pred_p)
+        if pred_e < pred_p:
+            return Decision(spec.name, "adaptive_predicted_faster") if eagle_open else Decision(plain.name, "adaptive_cap")
+        return Decision(plain.name, "adaptive_predicted_faster")
+
+    def _least_harm(self, spec: BackendView, plain: BackendView, e: _Arm, p: _Arm, eagle_faster: bool) -> Decision:
+        """Neither backend meets the TPOT target with this request: break it for the fewest requests.
+
+        A backend already over the target (or idle) loses only this request; one still within it
+        loses all its requests plus this one.
+        """
+        slo = self.slo_tpot
+        assert slo is not None
+        load_e, load_p = (spec.inflight + plain.inflight,) * 2 if self.colocated else (spec.inflight, plain.inflight)
+        harm_e = 1 if spec.inflight == 0 or e.estimator.predict(load_e) * self._spec_factor(e) > slo else spec.inflight + 1
+        harm_p = 1 if plain.inflight == 0 or p.estimator.predict(load_p) > slo else plain.inflight + 1
+        if harm_e < harm_p or (harm_e == harm_p and eagle_faster):
+            return Decision(spec.name, "adaptive_slo")
+        return Decision(plain.name, "adaptive_slo")

@@ -1,0 +1,38 @@
+"""Builds the FastAPI application around a `Runtime`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway import __version__
+from gateway.auth import AuthMiddleware
+from gateway.errors import install_error_handlers
+from gateway.limits import BodyLimitMiddleware
+from gateway.openai_routes import router as openai_router
+from gateway.ops_routes import router as ops_router
+from gateway.runtime import Runtime
+
+
+def create_app(runtime: Runtime) -> FastAPI:
+    """The ASGI app; its lifespan starts and stops the runtime (upstream pools, health checks)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(title="specgate", version=__version__, lifespan=lifespan)
+    app.state.runtime = runtime
+    install_error_handlers(app)
+    app.include_router(openai_router)
+    app.include_router(ops_router)
+    # Added last = outermost: the size limit and arrival stamp run before authentication.
+    app.add_middleware(AuthMiddleware, security=runtime.settings.security)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.limits.max_body_bytes)
+    return app

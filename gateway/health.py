@@ -1,0 +1,114 @@
+"""Background health checking of the backends.
+
+SGLang's `/ready` is cheap (no GPU work), so it is polled every second; `/health` runs a one-token
+generation and takes at least a second, so it is polled rarely, and always for a backend that timed
+out on real traffic (a hung server can still answer `/ready`). Requests that fail to connect
+report it here at once, so routing does not wait for the next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from gateway.config import HealthConfig
+from gateway.pool import Backend, Health, Pool
+from gateway.upstream import UpstreamClient
+
+log = logging.getLogger("specgate.health")
+
+
+class HealthChecker:
+    """Polls every backend and keeps `Backend.health` true to what it sees."""
+
+    def __init__(self, pool: Pool, upstreams: dict[str, UpstreamClient], config: HealthConfig) -> None:
+        self._pool = pool
+        self._upstreams = upstreams
+        self._config = config
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake: dict[str, asyncio.Event] = {}
+
+    def start(self) -> None:
+        """Start one polling task per backend."""
+        for backend in self._pool:
+            self._wake[backend.name] = asyncio.Event()
+            self._tasks.append(asyncio.create_task(self._watch(backend), name=f"health-{backend.name}"))
+
+    async def stop(self) -> None:
+        """Stop polling."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def set_state(self, backend: Backend, health: Health, detail: str = "") -> None:
+        """Record a state, logging transitions."""
+        if backend.health is not health:
+            log.info("backend %s: %s -> %s%s", backend.name, backend.health.value, health.value, f" ({detail})" if detail else "")
+            backend.health = health
+        backend.health_detail = detail
+
+    def report_unreachable(self, name: str, detail: str) -> None:
+        """A request could not connect: stop routing there until a probe says it is back."""
+        self.set_state(self._pool[name], Health.DOWN, detail)
+        self._wake[name].set()
+
+    def report_timeout(self, name: str, detail: str) -> None:
+        """A request timed out waiting for the backend: only a passing /health clears this."""
+        self.set_state(self._pool[name], Health.FAILING, detail)
+        self._wake[name].set()
+
+    async def _watch(self, backend: Backend) -> None:
+        loop = asyncio.get_running_loop()
+        next_health = loop.time()  # probe /health first, so a hung server is caught before traffic
+        wake = self._wake[backend.name]
+        while True:
+            if backend.health is Health.FAILING or loop.time() >= next_health:
+                await self._probe(backend, "/health", self._config.health_timeout)
+                next_health = loop.time() + self._config.health_interval
+            else:
+                await self._probe(backend, "/ready", self._config.ready_timeout)
+            wake.clear()
+            try:
+                await asyncio.wait_for(wake.wait(), self._config.ready_interval)
+            except TimeoutError:
+                pass
+
+    async def _probe(self, backend: Backend, path: str, timeout: float) -> None:
+        upstream = self._upstreams[backend.name]
+        try:
+            status, _, _ = await upstream.get(path, timeout, auth=False)
+        except TimeoutError:
+            if backend.health is not Health.FAILING:
+                self.set_state(backend, Health.UNREADY, f"{path} timed out")
+            return
+        except (aiohttp.ClientError, OSError) as exc:
+            self.set_state(backend, Health.DOWN, f"{path}: {type(exc).__name__}")
+            return
+        if status != 200:
+            if backend.health is not Health.FAILING:
+                self.set_state(backend, Health.UNREADY, f"{path} answered {status}")
+            return
+        if backend.health is Health.FAILING and path != "/health":
+            return
+        if backend.model_card is None and not await self._discover(backend, upstream):
+            return
+        self.set_state(backend, Health.READY)
+
+    async def _discover(self, backend: Backend, upstream: UpstreamClient) -> bool:
+        """Learn the served model name and card from /v1/models before the first request."""
+        try:
+            listing = await upstream.get_json("/v1/models", self._config.ready_timeout)
+            cards = listing["data"]
+        except (aiohttp.ClientError, OSError, TimeoutError, KeyError, TypeError, ValueError) as exc:
+            self.set_state(backend, Health.UNREADY, f"/v1/models failed: {type(exc).__name__}")
+            return False
+        card = next((c for c in cards if c.get("id") == backend.served_model_name), cards[0] if cards else None)
+        if card is None:
+            self.set_state(backend, Health.UNREADY, "/v1/models lists no model")
+            return False
+        backend.model_card = card
+        backend.served_model_name = backend.served_model_name or card["id"]
+        return True

@@ -1,0 +1,111 @@
+"""Prometheus metrics of the gateway (names are a contract; dashboards and alerts use them).
+
+Gauges that mirror pool state (in-flight, backend up) and the policy's beliefs are read from the
+live objects at scrape time by a collector, so the request path never updates them and they can
+never drift from the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.pool import Pool
+
+# Latency buckets spanning a sub-millisecond gateway hop to multi-minute queueing under overload.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: Pool, policy_beliefs: Callable[[], dict[str, Any]]) -> None:
+        self._pool = pool
+        self._beliefs = policy_beliefs
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        inflight = GaugeMetricFamily("specgate_inflight_requests", "Requests routed and not yet finished", labels=["backend"])
+        up = GaugeMetricFamily("specgate_backend_up", "1 when the backend receives traffic", labels=["backend"])
+        for backend in self._pool:
+            inflight.add_metric([backend.name], backend.inflight)
+            up.add_metric([backend.name], 1.0 if backend.available else 0.0)
+        yield inflight
+        yield up
+        beliefs = self._beliefs()
+        predicted = beliefs.get("predicted_tpot_seconds")
+        if predicted:
+            family = GaugeMetricFamily(
+                "specgate_policy_predicted_tpot_seconds",
+                "Policy's predicted time per output token for one more request",
+                labels=["backend"],
+            )
+            for name, value in predicted.items():
+                family.add_metric([name], value)
+            yield family
+        crossover = beliefs.get("crossover_concurrency")
+        if crossover is not None:
+            yield GaugeMetricFamily(
+                "specgate_policy_crossover_concurrency",
+                "Concurrency above which the policy believes plain decode serves better",
+                value=crossover,
+            )
+
+
+class GatewayMetrics:
+    """Every metric of one gateway instance, in its own registry."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # `_created` series double the exposition and no dashboard uses them
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "specgate_requests", "Finished requests", ["backend", "endpoint", "status"], registry=r
+        )
+        self.route_decisions = Counter(
+            "specgate_route_decisions", "Routing decisions", ["backend", "reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "specgate_time_to_first_token_seconds", "Time to first token", ["backend"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "specgate_inter_token_latency_seconds", "Time between streamed chunks", ["backend"], buckets=_ITL_BUCKETS, registry=r
+        )
+        self.duration = Histogram(
+            "specgate_request_duration_seconds", "End-to-end request time", ["backend"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.output_tokens = Counter("specgate_output_tokens", "Completion tokens (from usage)", ["backend"], registry=r)
+        self.prompt_tokens = Counter("specgate_prompt_tokens", "Prompt tokens (from usage)", ["backend"], registry=r)
+        self.upstream_errors = Counter(
+            "specgate_upstream_errors", "Failures talking to a backend", ["backend", "kind"], registry=r
+        )
+        self.overhead = Histogram(
+            "specgate_gateway_overhead_seconds",
+            "Time spent in the gateway itself: arrival to upstream dispatch, plus response handling",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.restarts = Counter("specgate_backend_restarts", "Backend process restarts", ["backend"], registry=r)
+
+    def watch(self, pool: Pool, policy_beliefs: Callable[[], dict[str, Any]]) -> None:
+        """Export the pool's gauges and the policy's beliefs, read live at scrape time."""
+        self.registry.register(_PoolCollector(pool, policy_beliefs))
+
+    def prepare(self, backends: list[str], endpoints: tuple[str, ...]) -> None:
+        """Create every per-backend series at zero so dashboards and `rate()` see them from the start."""
+        for name in backends:
+            self.ttft.labels(name)
+            self.itl.labels(name)
+            self.duration.labels(name)
+            self.output_tokens.labels(name)
+            self.prompt_tokens.labels(name)
+            self.restarts.labels(name)
+            for endpoint in endpoints:
+                self.requests.labels(name, endpoint, "200")
+
+    def exposition(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

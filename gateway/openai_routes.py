@@ -1,0 +1,98 @@
+"""The OpenAI surface: chat and text completions (proxied), and the model list."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.errors import OpenAIError
+from gateway.proxy import ProxyJob, ProxyResponse
+from gateway.runtime import Runtime
+from gateway.schemas import ChatCompletionRequest, CompletionRequest
+
+router = APIRouter()
+
+ROUTE_HEADER = "x-specgate-route"
+_STREAM_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A JSON completion, or with `stream: true` an SSE stream of chunks ending in `data: [DONE]`",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
+
+
+def runtime_of(request: Request) -> Runtime:
+    """The gateway runtime serving this request."""
+    return request.app.state.runtime  # type: ignore[no-any-return]
+
+
+@router.post("/v1/chat/completions", response_class=Response, responses=_STREAM_DOC)
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+    """Create a chat completion on the backend the routing policy picks."""
+    return await _proxy(request, body.model, body.stream, body.wants_usage, "chat", "/v1/chat/completions")
+
+
+@router.post("/v1/completions", response_class=Response, responses=_STREAM_DOC)
+async def completions(request: Request, body: CompletionRequest) -> Response:
+    """Create a text completion on the backend the routing policy picks."""
+    return await _proxy(request, body.model, body.stream, body.wants_usage, "completions", "/v1/completions")
+
+
+async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, endpoint: str, path: str) -> Response:
+    rt = runtime_of(request)
+    known = rt.model_ids()
+    if known and model not in known:
+        raise OpenAIError(404, f"The model '{model}' does not exist; available: {', '.join(known)}", param="model", code="model_not_found")
+    job = ProxyJob(
+        endpoint=endpoint,
+        path=path,
+        body=dict(await request.json()),  # already parsed (and cached) by the body validation
+        stream=stream,
+        client_wants_usage=wants_usage,
+        forced=_forced_route(rt, request),
+        request_id=uuid.uuid4().hex,
+        arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
+    )
+    return ProxyResponse(rt, job)
+
+
+def _forced_route(rt: Runtime, request: Request) -> str | None:
+    if not rt.settings.security.allow_route_header:
+        return None
+    forced = request.headers.get(ROUTE_HEADER)
+    if forced is None:
+        return None
+    if forced not in rt.pool:
+        raise OpenAIError(
+            400, f"{ROUTE_HEADER} must name a backend: {', '.join(rt.pool.names)}", param=ROUTE_HEADER, code="invalid_route"
+        )
+    return forced
+
+
+def _cards(rt: Runtime) -> list[dict[str, Any]]:
+    backend = next((b for b in rt.pool if b.model_card is not None), None)
+    if backend is None:
+        raise OpenAIError(503, "no backend has reported its model yet", code="no_backend_available", type="server_error")
+    card = backend.model_card or {}
+    public = rt.settings.server.model_name or backend.served_model_name
+    return [{**card, "id": public, "object": "model", "owned_by": "specgate"}]
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """The model served behind the gateway, in OpenAI's list format."""
+    return {"object": "list", "data": _cards(runtime_of(request))}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    """One model card; 404 for an unknown id."""
+    rt = runtime_of(request)
+    cards = _cards(rt)
+    if model_id not in rt.model_ids():
+        raise OpenAIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    return {**cards[0], "id": model_id}

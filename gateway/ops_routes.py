@@ -1,0 +1,103 @@
+"""Operational routes: probes, Prometheus metrics, admin status, and SGLang info pass-through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import OpenAIError
+from gateway.openai_routes import runtime_of
+from gateway.redact import redact_server_info
+
+router = APIRouter()
+
+_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _states(request: Request) -> dict[str, str]:
+    return {b.name: b.health.value for b in runtime_of(request).pool}
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 while at least one backend can serve."""
+    rt = runtime_of(request)
+    if not any(b.available for b in rt.pool):
+        raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
+    return JSONResponse({"status": "ok", "backends": _states(request)})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """200 while the gateway accepts new requests: a backend can serve and it is not shutting down."""
+    rt = runtime_of(request)
+    if not rt.serving:
+        reason = "the gateway is shutting down" if rt.draining else "no backend is ready"
+        raise OpenAIError(503, reason, code="not_ready", type="server_error")
+    return JSONResponse({"status": "ready", "backends": _states(request)})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    return Response(runtime_of(request).metrics.exposition(), media_type=_PROMETHEUS_TEXT)
+
+
+@router.get("/admin/status")
+async def admin_status(request: Request) -> dict[str, Any]:
+    """The policy and what each backend looks like to the gateway right now."""
+    rt = runtime_of(request)
+    return {
+        "policy": rt.policy.describe(),
+        "draining": rt.draining,
+        "inflight": rt.pool.total_inflight,
+        "backends": [
+            {
+                "name": b.name,
+                "url": b.url,
+                "speculative": b.speculative,
+                "state": b.health.value,
+                "detail": b.health_detail,
+                "served_model_name": b.served_model_name,
+                "inflight": b.inflight,
+                "requests_served": b.served,
+            }
+            for b in rt.pool
+        ],
+    }
+
+
+async def _pass_through(request: Request, path: str, redact: Callable[[bytes], bytes] | None = None) -> Response:
+    """Relay an SGLang info GET from the speculative backend (else any ready one).
+
+    SGLang's benchmark reads the accept length from /server_info to count inter-token latency
+    per token rather than per chunk, which is right for either backend behind the gateway.
+    """
+    rt = runtime_of(request)
+    candidates = sorted((b for b in rt.pool if b.available), key=lambda b: not b.speculative)
+    if not candidates:
+        raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
+    backend = candidates[0]
+    try:
+        status, body, content_type = await rt.upstreams[backend.name].get(path, rt.settings.health.ready_timeout * 5)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise OpenAIError(502, f"backend {backend.name} did not answer {path}", code="upstream_unreachable", type="server_error") from exc
+    if redact is not None:
+        body = redact(body)
+    return Response(body, status_code=status, media_type=content_type, headers={"x-specgate-backend": backend.name})
+
+
+@router.get("/server_info")
+async def server_info(request: Request) -> Response:
+    """SGLang's /server_info of the speculative backend, without the secrets SGLang puts in it."""
+    return await _pass_through(request, "/server_info", redact_server_info)
+
+
+@router.get("/model_info")
+async def model_info(request: Request) -> Response:
+    """SGLang's /model_info."""
+    return await _pass_through(request, "/model_info")

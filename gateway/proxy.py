@@ -1,0 +1,323 @@
+"""One proxied generation request, from routing decision to the last byte sent to the client.
+
+`ProxyResponse` is an ASGI response that owns the whole upstream exchange, so everything tied to the
+request's lifetime lives in one `try/finally`: the in-flight slot, the upstream connection and the
+metrics. It races the exchange against the client's disconnect; when the client leaves first
+(even while SGLang is still queueing or prefilling and has sent no header yet) the exchange is
+cancelled, which closes the upstream connection, which makes SGLang abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import OpenAIError, upstream_error
+from gateway.pool import Backend, Slot
+from gateway.relay import DONE, relay_stream
+from gateway.routing import Completion, Decision, route
+from gateway.runtime import Runtime
+
+log = logging.getLogger("specgate.proxy")
+
+_CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a status label
+_UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
+
+
+@dataclass
+class ProxyJob:
+    """A validated generation request, ready to route."""
+
+    endpoint: str  # metric label: "chat" or "completions"
+    path: str  # upstream path
+    body: dict[str, Any]  # the client's JSON, forwarded with `model` rewritten
+    stream: bool
+    client_wants_usage: bool
+    forced: str | None  # x-specgate-route
+    request_id: str
+    arrived_at: float  # time.monotonic() when the request reached the gateway
+
+
+async def _client_gone(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _headers(backend: str, request_id: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"content-type", content_type),
+        (b"x-specgate-backend", backend.encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    return headers + (extra or [])
+
+
+class ProxyResponse(Response):
+    """Routes, proxies and relays one chat/completions request."""
+
+    def __init__(self, runtime: Runtime, job: ProxyJob) -> None:
+        super().__init__()
+        self._rt = runtime
+        self._job = job
+        self._slot: Slot | None = None
+        self._retried = False
+        self._status = _CLIENT_GONE
+        self._streaming = False  # stream headers sent: an interruption must end it with an error event
+        self._area_first = 0.0
+        self._area_last = 0.0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        work = asyncio.create_task(self._serve(send))
+        self._rt.requests.add(work)
+        work.add_done_callback(self._rt.requests.discard)
+        gone = asyncio.create_task(_client_gone(receive))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            interrupted = work.cancelled()  # only the runtime cancels it from outside: shutdown
+        finally:
+            gone.cancel()
+            work.cancel()  # no-op when finished; otherwise the client left or the server is stopping
+            await asyncio.gather(work, gone, return_exceptions=True)
+        if interrupted:
+            await self._end_interrupted(send)
+        elif not work.cancelled() and work.exception() is not None:
+            raise work.exception()  # type: ignore[misc]
+
+    async def _end_interrupted(self, send: Send) -> None:
+        """The gateway stopped before the response ended: say so rather than cut the connection."""
+        err = OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
+        if self._streaming:
+            await send({"type": "http.response.body", "body": err.sse_event() + DONE, "more_body": False})
+        elif self._status == _CLIENT_GONE:  # nothing sent yet
+            self._status = "503"
+            await self._send_error(send, err)
+
+    @property
+    def _backend(self) -> Backend:
+        assert self._slot is not None, "used before the request was routed"
+        return self._slot.backend
+
+    async def _serve(self, send: Send) -> None:
+        rt, job = self._rt, self._job
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                self._admit()
+                resp = await self._dispatch()
+            except OpenAIError as err:
+                self._status = str(err.status)
+                await self._send_error(send, err)
+                return
+            if resp.status != 200:
+                await self._relay_error(resp, send)
+            elif job.stream:
+                await self._relay_stream(resp, send)
+            else:
+                await self._relay_body(resp, send)
+        finally:
+            if resp is not None:
+                resp.close()  # closing mid-response is what makes SGLang abort the request
+            name = _UNROUTED
+            if self._slot is not None:
+                self._slot.release()
+                name = self._slot.backend.name
+                rt.metrics.duration.labels(name).observe(time.monotonic() - job.arrived_at)
+            rt.metrics.requests.labels(name, job.endpoint, self._status).inc()
+
+    def _admit(self) -> None:
+        """Route the request and take its in-flight slot, or raise the error that says why not."""
+        rt, job = self._rt, self._job
+        if rt.draining:
+            raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
+        if rt.pool.total_inflight >= rt.settings.limits.max_inflight:
+            raise OpenAIError(
+                429, "too many requests in flight, retry shortly", code="overloaded", headers={"Retry-After": "1"}
+            )
+        decision = route(rt.policy, rt.pool.snapshot(), job.forced)
+        if decision is None:
+            target = f"backend {job.forced!r} is" if job.forced else "no backend is"
+            raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
+        self._take(decision)
+
+    def _take(self, decision: Decision) -> None:
+        self._rt.metrics.route_decisions.labels(decision.backend, decision.reason).inc()
+        self._slot = self._rt.pool.acquire(decision.backend)
+
+    def _encode(self, served_model: str | None) -> bytes:
+        job = self._job
+        body = dict(job.body)
+        if served_model:
+            body["model"] = served_model
+        if job.stream and not job.client_wants_usage:
+            # Token counts come from usage; the extra chunk is stripped from what the client sees.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        if "rid" not in body and body.get("n") in (None, 1):
+            body["rid"] = job.request_id  # lets SGLang's /abort_request and logs name this request
+        try:
+            return orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:  # parsed fine, but e.g. nested deeper than orjson's 255 levels
+            raise OpenAIError(400, f"request body cannot be forwarded: {exc}", code="invalid_request") from exc
+
+    async def _dispatch(self) -> aiohttp.ClientResponse:
+        """Send upstream; a connection failure before any byte is retried once on the other backend."""
+        rt, job = self._rt, self._job
+        rt.metrics.overhead.observe(time.monotonic() - job.arrived_at)
+        while True:
+            backend = self._backend
+            try:
+                return await rt.upstreams[backend.name].post(job.path, self._encode(backend.served_model_name))
+            except aiohttp.ClientConnectionError as exc:
+                rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
+                rt.health.report_unreachable(backend.name, type(exc).__name__)
+                other = None if job.forced else route(rt.policy, rt.pool.snapshot())
+                if other is None or other.backend == backend.name or self._retried:
+                    raise OpenAIError(
+                        502, f"backend {backend.name} is unreachable", code="upstream_unreachable", type="server_error"
+                    ) from exc
+                self._retried = True
+                self._slot.release()  # type: ignore[union-attr]
+                self._take(Decision(other.backend, "failover_retry"))
+            except TimeoutError as exc:
+                rt.metrics.upstream_errors.labels(backend.name, "first_byte_timeout").inc()
+                rt.health.report_timeout(backend.name, "first-byte timeout")
+                raise OpenAIError(
+                    504,
+                    f"backend {backend.name} sent nothing within {rt.settings.timeouts.first_byte:g} s",
+                    code="upstream_timeout",
+                    type="server_error",
+                ) from exc
+            except aiohttp.ClientResponseError as exc:  # the backend answered with something not HTTP
+                rt.metrics.upstream_errors.labels(backend.name, "bad_response").inc()
+                raise OpenAIError(
+                    502, f"backend {backend.name} sent an invalid response", code="upstream_bad_response", type="server_error"
+                ) from exc
+
+    async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
+        async with asyncio.timeout(self._rt.settings.timeouts.idle):
+            return await resp.read()
+
+    async def _relay_error(self, resp: aiohttp.ClientResponse, send: Send) -> None:
+        name = self._backend.name
+        try:
+            payload = await self._read_all(resp)
+        except (aiohttp.ClientError, TimeoutError):
+            payload = b""
+        if resp.status >= 500:
+            self._rt.metrics.upstream_errors.labels(name, f"http_{resp.status}").inc()
+        err = upstream_error(resp.status, payload)
+        self._status = str(err.status)
+        await self._send_error(send, err)
+
+    async def _relay_body(self, resp: aiohttp.ClientResponse, send: Send) -> None:
+        rt, name = self._rt, self._backend.name
+        try:
+            payload = await self._read_all(resp)
+        except TimeoutError:
+            rt.metrics.upstream_errors.labels(name, "idle_timeout").inc()
+            rt.health.report_timeout(name, "response body timed out")
+            await self._fail(send, 504, f"backend {name} stopped responding", "upstream_timeout")
+            return
+        except aiohttp.ClientError:
+            rt.metrics.upstream_errors.labels(name, "disconnected").inc()
+            await self._fail(send, 502, f"backend {name} dropped the response", "disconnected")
+            return
+        handled_at = time.monotonic()
+        try:
+            usage = orjson.loads(payload).get("usage")
+        except (orjson.JSONDecodeError, AttributeError):
+            rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
+            await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
+            return
+        self._count_usage(name, usage)
+        length = [(b"content-length", str(len(payload)).encode())]
+        headers = _headers(name, self._job.request_id, b"application/json", length)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        rt.metrics.overhead.observe(time.monotonic() - handled_at)
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        self._status = "200"
+
+    async def _relay_stream(self, resp: aiohttp.ClientResponse, send: Send) -> None:
+        rt, job = self._rt, self._job
+        slot = self._slot
+        assert slot is not None
+        backend = slot.backend
+        itl = rt.metrics.itl.labels(backend.name)
+
+        def on_token(now: float, first: bool) -> None:
+            area = backend.load_area(now)
+            if first:
+                self._area_first = area
+                rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
+            self._area_last = area
+
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _headers(
+                    backend.name,
+                    job.request_id,
+                    b"text/event-stream; charset=utf-8",
+                    [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
+                ),
+            }
+        )
+        self._status = "200"
+        self._streaming = True
+        result = await relay_stream(
+            resp,
+            send,
+            strip_usage=not job.client_wants_usage,
+            idle_timeout=rt.settings.timeouts.idle,
+            on_token=on_token,
+            on_gap=itl.observe,
+        )
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        slot.release()  # the client has its whole answer; the slot ends with the body
+        if result.error_kind is not None:
+            rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
+            if result.error_kind in ("idle_timeout",):
+                rt.health.report_timeout(backend.name, "stream went silent")
+            return
+        self._count_usage(backend.name, result.usage)
+        tokens = int((result.usage or {}).get("completion_tokens") or 0)
+        if tokens >= 2 and result.first_token_at is not None and result.last_token_at is not None:
+            decode = result.last_token_at - result.first_token_at
+            if decode > 0:
+                rt.policy.observe(
+                    Completion(
+                        backend=backend.name,
+                        output_tokens=tokens,
+                        ttft=result.first_token_at - job.arrived_at,
+                        decode_seconds=decode,
+                        mean_inflight=(self._area_last - self._area_first) / decode,
+                    )
+                )
+
+    def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> None:
+        if not usage:
+            return
+        self._rt.metrics.output_tokens.labels(backend).inc(int(usage.get("completion_tokens") or 0))
+        self._rt.metrics.prompt_tokens.labels(backend).inc(int(usage.get("prompt_tokens") or 0))
+
+    async def _fail(self, send: Send, status: int, message: str, code: str) -> None:
+        self._status = str(status)
+        await self._send_error(send, OpenAIError(status, message, code=code, type="server_error"))
+
+    async def _send_error(self, send: Send, err: OpenAIError) -> None:
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", self._job.request_id.encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+        if self._slot is not None:
+            headers.append((b"x-specgate-backend", self._slot.backend.name.encode()))
+        body = err.body()
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,80 @@
+"""The live state of one gateway: pool, policy, upstream clients, health checker and metrics.
+
+Everything the request path needs hangs off one `Runtime` object stored on the app, so a test
+can build as many independent gateways as it likes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.config import BackendConfig, Settings
+from gateway.health import HealthChecker
+from gateway.metrics import GatewayMetrics
+from gateway.pool import Backend, Pool
+from gateway.routing import Policy
+from gateway.upstream import UpstreamClient
+
+ENDPOINTS = ("chat", "completions")
+
+
+class Runtime:
+    """One gateway's state; `start`/`stop` bracket its life inside the event loop."""
+
+    def __init__(self, settings: Settings, backends: list[BackendConfig], policy: Policy, metrics: GatewayMetrics) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.metrics = metrics
+        self.pool = Pool(
+            [Backend(b.name, b.url.rstrip("/"), b.speculative, served_model_name=b.served_model_name) for b in backends]
+        )
+        self.upstreams = {
+            b.name: UpstreamClient(
+                b.url,
+                api_key=b.api_key.get_secret_value() if b.api_key else None,
+                timeouts=settings.timeouts,
+                max_connections=b.max_connections,
+            )
+            for b in backends
+        }
+        policy.attach(self.pool.snapshot)
+        self.health = HealthChecker(self.pool, self.upstreams, settings.health)
+        self.draining = False
+        self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
+        metrics.prepare(self.pool.names, ENDPOINTS)
+        metrics.watch(self.pool, self.beliefs)
+
+    async def start(self) -> None:
+        """Open upstream connection pools and start health checking."""
+        for upstream in self.upstreams.values():
+            await upstream.start()
+        self.health.start()
+
+    async def stop(self) -> None:
+        """Stop health checking and close every upstream connection."""
+        await self.health.stop()
+        for upstream in self.upstreams.values():
+            await upstream.close()
+
+    def interrupt_requests(self) -> None:
+        """End every proxied request still in progress, each with an error its client can see."""
+        for task in list(self.requests):
+            task.cancel()
+
+    def beliefs(self) -> dict[str, Any]:
+        """What the policy currently believes (empty for static policies)."""
+        return self.policy.describe().get("beliefs", {})
+
+    def model_ids(self) -> list[str]:
+        """Model ids clients may send: the configured public name and every backend's served name."""
+        ids = [self.settings.server.model_name] if self.settings.server.model_name else []
+        for backend in self.pool:
+            if backend.served_model_name and backend.served_model_name not in ids:
+                ids.append(backend.served_model_name)
+        return ids
+
+    @property
+    def serving(self) -> bool:
+        """True when a new request could be routed somewhere."""
+        return not self.draining and any(b.available for b in self.pool)

@@ -1,0 +1,5 @@
+"""`python -m loadtest ...`."""
+
+from loadtest.cli import main
+
+main()

@@ -1,0 +1,162 @@
+"""`python -m loadtest envelope`: start the simulated stack, sweep it, check the envelope bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+import uvloop
+from rich.console import Console
+
+from loadtest.envelope import Bound, Envelope, StackSettings, envelope_document
+from loadtest.options import bad_parameter, parse_requests
+from loadtest.progress import progress_for
+from loadtest.report import command_line, write_all
+from loadtest.sweep import SweepSettings, parse_levels
+from loadtest.table import summary_table, table_console
+from loadtest.timescale import auto_time_scale, profile_for
+
+DEFAULT_LEVELS = "1,2,4,8,16,32,64"
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` with VALUE read as int, float, true/false, or text."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"policy parameter must be KEY=VALUE, got {text!r}")
+    value: Any = raw
+    if raw.lower() in ("true", "false"):
+        value = raw.lower() == "true"
+    else:
+        for kind in (int, float):
+            try:
+                value = kind(raw)
+                break
+            except ValueError:
+                continue
+    return key, value
+
+
+def parse_time_scale(text: str) -> float | None:
+    """A positive number, or None for `auto`."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"time scale must be a positive number or 'auto', got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"time scale must be positive, got {value}")
+    return value
+
+
+async def _run_cancellable(envelope: Envelope, command: str) -> tuple[Any, Any]:
+    # SIGTERM ends the run like Ctrl-C does: the task is cancelled and the stack stopped in `finally`.
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await envelope.run(command)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+@click.command()
+@click.option("--profile", default=None, help="built-in simulator profile: field-8gpu or llama8b-h100")
+@click.option("--profile-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="simulator profile file (TOML or JSON)")
+@click.option("--topology", type=click.Choice(["partitioned", "colocated"]), default="partitioned", show_default=True)
+@click.option("--policy", default="threshold", show_default=True, help="gateway routing policy")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
+              help="policy parameter (repeatable), e.g. threshold=2 or eagle_max_inflight=48")
+@click.option("--concurrency", default=DEFAULT_LEVELS, show_default=True, metavar="LIST")
+@click.option("--time-scale", "time_scale_text", default="auto", show_default=True, metavar="X|auto",
+              help="simulator time scale (>1 is slower); auto fits the chunk rate to this machine")
+@click.option("--requests-per-level", default="4x", show_default=True, metavar="N|Nx",
+              help="requests per level; 'Nx' means N per concurrency slot (N*C)")
+@click.option("--min-requests-per-level", "min_requests", type=click.IntRange(min=0), default=16, show_default=True,
+              help="never fewer requests than this at a level (steadier medians at low concurrency)")
+@click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--min-throughput-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate tok/s >= R x the better direct server at every level")
+@click.option("--max-tpot-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate TPOT p50 <= R x the better direct server at every level")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def envelope(
+    profile: str | None,
+    profile_file: Path | None,
+    topology: str,
+    policy: str,
+    policy_params: tuple[str, ...],
+    concurrency: str,
+    time_scale_text: str,
+    requests_per_level: str,
+    min_requests: int,
+    input_len: int,
+    output_len: int,
+    warmup: int,
+    seed: int,
+    min_throughput_ratio: float | None,
+    max_tpot_ratio: float | None,
+    out_dir: Path,
+) -> None:
+    """Start the simulated backends and the gateway, sweep eagle, plain and specgate, report the envelope."""
+    if (profile is None) == (profile_file is None):
+        raise click.UsageError("give exactly one of --profile NAME or --profile-file PATH")
+    try:
+        params = dict(parse_param(p) for p in policy_params)
+    except ValueError as exc:
+        raise bad_parameter("--policy-param", exc) from None
+    try:
+        levels = parse_levels(concurrency, None)
+    except ValueError as exc:
+        raise bad_parameter("--concurrency", exc) from None
+    try:
+        fixed_scale = parse_time_scale(time_scale_text)
+    except ValueError as exc:
+        raise bad_parameter("--time-scale", exc) from None
+    try:
+        model = profile_for(profile, profile_file)
+    except (ValueError, OSError) as exc:
+        raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
+    if fixed_scale is None:
+        scale, note = auto_time_scale(model, [lv.concurrency or 1 for lv in levels])
+    else:
+        scale, note = fixed_scale, "set with --time-scale"
+
+    stack = StackSettings(profile=profile, profile_file=profile_file, topology=topology,  # type: ignore[arg-type]
+                          policy=policy, policy_params=params, time_scale=scale, seed=seed)
+    settings = SweepSettings(levels=levels, requests_per_level=parse_requests(requests_per_level, min_requests),
+                             input_len=input_len, output_len=output_len, warmup=warmup, seed=seed,
+                             timeout=max(600.0, 600.0 * scale))
+    bounds = []
+    if min_throughput_ratio is not None:
+        bounds.append(Bound("throughput_ratio", ">=", min_throughput_ratio))
+    if max_tpot_ratio is not None:
+        bounds.append(Bound("tpot_ratio", "<=", max_tpot_ratio))
+
+    console = Console(stderr=True)
+    console.print(f"time scale {scale:g} ({note}); logs in {out_dir / 'logs'}", highlight=False)
+    command = command_line(click.get_current_context())
+    with progress_for(console) as progress:
+        runner = Envelope(stack, settings, out_dir, progress)
+        try:
+            results, stack_info = uvloop.run(_run_cancellable(runner, command))
+        except (RuntimeError, TimeoutError) as exc:
+            raise click.ClickException(str(exc)) from None
+    doc, ok = envelope_document(results, runner, stack_info, command, bounds, note)
+    write_all(doc, out_dir)
+    table_console().print(summary_table(doc))
+    for check in doc["envelope"]["checks"]:
+        verdict = "met" if check["met"] else "NOT MET"
+        console.print(f"{check['name']} {check['op']} {check['bound']}: {verdict} (worst {check['worst']:.3f} at C={check['worst_at']})")
+    console.print(f"wrote {out_dir}/results.json, results.csv, throughput.png, latency.png, report.md")
+    if not ok:
+        raise SystemExit(1)

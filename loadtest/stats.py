@@ -1,0 +1,208 @@
+"""Statistics of one target at one load level, with SGLang bench_serving's definitions.
+
+- TTFT: send to the first SSE event carrying output text (whole response when not streamed).
+- E2E: send to the end of the response (the `[DONE]` line for a stream).
+- TPOT (excl. 1st token): `(e2e - ttft) / (output_tokens - 1)` per request, for requests with
+  more than one output token; output tokens from `usage.completion_tokens`.
+- ITL: per token, as bench_serving does when the accept length is known: the gap between two
+  consecutive text chunks, divided by the k tokens the later chunk carries, counted k times. So a
+  speculative step that delivers 3 tokens in one chunk 30 ms after the last one gives three 10 ms
+  ITLs, and ITL stays comparable between EAGLE and plain servers. Per-chunk token counts come from
+  splitting `usage.completion_tokens` across chunks (see `tokens_per_chunk`).
+- Percentiles: numpy's linear interpolation (`np.percentile`), as bench_serving.
+- Throughput: tokens of successful requests / the level's wall-clock duration.
+Not streamed: TTFT = E2E as bench_serving, and TPOT/ITL are not measured (None), not 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.sim.tokenizer import count_tokens
+from loadtest.records import LevelRun, RequestRecord
+
+PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """p50/p90/p99/mean of a sample, in milliseconds; None when the sample is empty."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
+    count: int
+
+
+def distribution(seconds: Sequence[float]) -> Distribution:
+    """Summarise a sample of durations given in seconds as milliseconds."""
+    if not seconds:
+        return Distribution(None, None, None, None, 0)
+    values = np.asarray(seconds, dtype=float) * 1000.0
+    p50, p90, p99 = (float(v) for v in np.percentile(values, PERCENTILES))
+    return Distribution(p50, p90, p99, float(values.mean()), len(values))
+
+
+def output_tokens(record: RequestRecord) -> int:
+    """Output tokens of a finished request: `usage.completion_tokens`, else the tokens asked for.
+
+    The fallback is bench_serving's: with `ignore_eos` the server generates exactly
+    `max_tokens`, so a server that omits usage is still counted correctly.
+    """
+    if record.completion_tokens is not None:
+        return record.completion_tokens
+    return record.expected_output
+
+
+def tokens_per_chunk(
+    record: RequestRecord, counter: Callable[[str], int] = count_tokens
+) -> list[int]:
+    """How many output tokens each text chunk carried, summing to the request's output tokens.
+
+    One chunk per token (plain decode) is recognised exactly. Otherwise the usage total is split
+    across chunks in proportion to each chunk's estimated token count, at least one token per
+    chunk, largest remainders first, so totals always match `usage`.
+    """
+    n = len(record.chunk_texts)
+    total = output_tokens(record)
+    if n == 0:
+        return []
+    if total <= n:
+        return [1] * n
+    weights = [max(counter(text), 1) for text in record.chunk_texts]
+    scale = total / sum(weights)
+    shares = [w * scale for w in weights]
+    counts = [max(1, int(s)) for s in shares]
+    by_remainder = sorted(range(n), key=lambda i: shares[i] - int(shares[i]), reverse=True)
+    missing = total - sum(counts)
+    for i in by_remainder[:max(missing, 0)]:
+        counts[i] += 1
+    # Raising tiny shares to one token can overshoot; take the excess from the biggest chunks.
+    while sum(counts) > total:
+        counts[counts.index(max(counts))] -= 1
+    return counts
+
+
+def request_tpot(record: RequestRecord) -> float | None:
+    """Time per output token after the first, in seconds (None if not measurable)."""
+    ttft, e2e, out = record.ttft, record.e2e, output_tokens(record)
+    if not record.streamed or ttft is None or e2e is None or out <= 1:
+        return None
+    return (e2e - ttft) / (out - 1)
+
+
+def request_itls(record: RequestRecord, counter: Callable[[str], int] = count_tokens) -> list[float]:
+    """Per-token inter-token latencies of one request, in seconds (see the module docstring)."""
+    if not record.ok or not record.streamed or len(record.chunk_times) < 2:
+        return []
+    counts = tokens_per_chunk(record, counter)
+    itls: list[float] = []
+    for i in range(1, len(record.chunk_times)):
+        gap = record.chunk_times[i] - record.chunk_times[i - 1]
+        k = counts[i]
+        itls.extend([gap / k] * k)
+    return itls
+
+
+def chunk_interval(record: RequestRecord) -> float | None:
+    """Mean seconds between a request's text chunks (a decode step's duration as the client saw it)."""
+    if not record.ok or len(record.chunk_times) < 2:
+        return None
+    return (record.chunk_times[-1] - record.chunk_times[0]) / (len(record.chunk_times) - 1)
+
+
+def backend_share(records: Sequence[RequestRecord]) -> dict[str, float] | None:
+    """Fraction of successful requests served by each backend (`x-specgate-backend`), or None.
+
+    None when no response carried the header (a server that is not specgate).
+    """
+    names = [r.backend for r in records if r.ok and r.backend]
+    if not names:
+        return None
+    counts = Counter(names)
+    return {name: counts[name] / len(names) for name in sorted(counts)}
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    """Everything reported for one target at one load level."""
+
+    completed: int
+    failed: int
+    errors: dict[str, int]
+    duration_s: float
+    request_s: float
+    output_tok_s: float
+    input_tok_s: float
+    total_output_tokens: int
+    total_input_tokens: int
+    mean_concurrency: float
+    usage_missing: int
+    mean_chunk_interval_ms: float | None
+    ttft: Distribution
+    tpot: Distribution
+    itl: Distribution
+    e2e: Distribution
+    backend_share: dict[str, float] | None
+
+    def flat(self) -> dict[str, object]:
+        """The stats as one flat JSON-ready dict: `ttft_p50_ms`, `output_tok_s`, ..."""
+        out: dict[str, object] = {
+            "completed": self.completed,
+            "failed": self.failed,
+            "errors": dict(self.errors),
+            "duration_s": self.duration_s,
+            "request_s": self.request_s,
+            "output_tok_s": self.output_tok_s,
+            "input_tok_s": self.input_tok_s,
+            "total_output_tokens": self.total_output_tokens,
+            "total_input_tokens": self.total_input_tokens,
+            "mean_concurrency": self.mean_concurrency,
+            "usage_missing": self.usage_missing,
+            "mean_chunk_interval_ms": self.mean_chunk_interval_ms,
+        }
+        for name in LATENCY_METRICS:
+            dist: Distribution = getattr(self, name)
+            for stat in ("p50", "p90", "p99", "mean"):
+                out[f"{name}_{stat}_ms"] = getattr(dist, stat)
+        out["backend_share"] = self.backend_share
+        return out
+
+
+def level_stats(run: LevelRun, counter: Callable[[str], int] = count_tokens) -> LevelStats:
+    """Compute every reported number for one target at one level from its recorded requests."""
+    ok = [r for r in run.records if r.ok]
+    errors = Counter(r.error_kind or "unknown" for r in run.records if not r.ok)
+    duration = run.duration
+    out_tokens = sum(output_tokens(r) for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    ttfts = [t for r in ok if (t := r.ttft) is not None]
+    tpots = [t for r in ok if (t := request_tpot(r)) is not None]
+    e2es = [t for r in ok if (t := r.e2e) is not None]
+    itls = [itl for r in ok for itl in request_itls(r, counter)]
+    intervals = [i for r in ok if (i := chunk_interval(r)) is not None]
+    return LevelStats(
+        completed=len(ok),
+        failed=len(run.records) - len(ok),
+        errors=dict(sorted(errors.items())),
+        duration_s=duration,
+        request_s=len(ok) / duration,
+        output_tok_s=out_tokens / duration,
+        input_tok_s=in_tokens / duration,
+        total_output_tokens=out_tokens,
+        total_input_tokens=in_tokens,
+        mean_concurrency=sum(e2es) / duration,
+        usage_missing=sum(1 for r in ok if r.completion_tokens is None),
+        mean_chunk_interval_ms=1000.0 * sum(intervals) / len(intervals) if intervals else None,
+        ttft=distribution(ttfts),
+        tpot=distribution(tpots),
+        itl=distribution(itls),
+        e2e=distribution(e2es),
+        backend_share=backend_share(run.records),
+    )

@@ -1,0 +1,489 @@
+"""The launch plan: exact argv/env for the example configs, derived defaults, warnings, `specgate plan`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+from backends.config import LaunchConfig
+from backends.plan import LaunchPlan, PlanError, build_plan, redact_argv, redact_env
+from backends.resolve import eagle_running_limit
+from gateway.cli import main
+from gateway.config import load_settings
+from gateway.routing import make_policy
+
+CONFIGS = Path(__file__).resolve().parents[2] / "deploy" / "configs"
+SGLANG = ("python3", "-m", "sglang.launch_server")
+SPEC_70B = (
+    "--speculative-algorithm", "EAGLE3",
+    "--speculative-draft-model-path", "/models/EAGLE3-LLaMA3.3-Instruct-70B",
+    "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
+MODEL_70B = ("--model-path", "/models/Llama-3.3-70B-Instruct", "--served-model-name", "llama-3.3-70b-instruct")
+
+
+def ports(start: int = 41000) -> Callable[[], int]:
+    """A deterministic stand-in for the free-port picker."""
+    counter = itertools.count(start)
+    return lambda: next(counter)
+
+
+def example_plan(name: str) -> LaunchPlan:
+    settings = load_settings(CONFIGS / name)
+    return build_plan(settings.launch, eagle_cap=make_policy(settings.policy).eagle_cap)
+
+
+def launch(**values: object) -> LaunchConfig:
+    base: dict[str, object] = {
+        "engine": "sglang",
+        "model_path": "/m",
+        "draft_model_path": "/d",
+        "eagle": {"gpus": [0, 1, 2, 3], "port": 30001},
+        "plain": {"gpus": [4, 5, 6, 7], "port": 30002},
+    }
+    return LaunchConfig.model_validate({**base, **values})
+
+
+def warnings_of(config: LaunchConfig, eagle_cap: int = 2) -> tuple[str, ...]:
+    return build_plan(config, eagle_cap=eagle_cap, free_port=ports()).warnings
+
+
+# --- the example configs ---------------------------------------------------------------------
+
+
+def test_example_configs_are_the_three_promised() -> None:
+    assert sorted(p.name for p in CONFIGS.glob("*.toml")) == [
+        "b200x8-colocated.toml",
+        "b200x8-partitioned.toml",
+        "h100-dev-colocated.toml",
+    ]
+
+
+def test_partitioned_8gpu_example_exact_argv_and_env() -> None:
+    plan = example_plan("b200x8-partitioned.toml")
+    eagle, plain = plan.processes
+    assert plan.warnings == ()
+    assert plan.sequential is False
+    assert eagle.name == "eagle" and eagle.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    # spill policy, eagle_max_inflight 16 -> 16 + 4 slack
+    assert eagle.argv == (
+        *SGLANG, *MODEL_70B,
+        "--host", "127.0.0.1", "--port", "30001", "--tp-size", "4",
+        "--max-running-requests", "20", "--cuda-graph-max-bs-decode", "20",
+        *SPEC_70B,
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}',
+    )  # fmt: skip
+    assert plain.name == "plain" and plain.env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert plain.argv == (
+        *SGLANG, *MODEL_70B,
+        "--host", "127.0.0.1", "--port", "30002", "--tp-size", "4",
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"plain"}',
+    )  # fmt: skip
+    assert [(e.backend, e.url, e.speculative, e.served_model_name) for e in plan.endpoints] == [
+        ("eagle", "http://127.0.0.1:30001", True, "llama-3.3-70b-instruct"),
+        ("plain", "http://127.0.0.1:30002", False, "llama-3.3-70b-instruct"),
+    ]
+
+
+def test_colocated_8gpu_example_splits_memory_and_starts_in_turn() -> None:
+    plan = example_plan("b200x8-colocated.toml")
+    eagle, plain = plan.processes
+    assert plan.warnings == ()
+    assert plan.sequential is True
+    all_gpus = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    assert eagle.env == all_gpus and plain.env == all_gpus
+    assert eagle.argv == (
+        *SGLANG, *MODEL_70B,
+        "--host", "127.0.0.1", "--port", "30001", "--tp-size", "8", "--mem-fraction-static", "0.3",
+        "--max-running-requests", "4", "--cuda-graph-max-bs-decode", "4",
+        *SPEC_70B,
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}',
+    )  # fmt: skip
+    # 0.55 of the GPU is 0.55 / (1 - 0.3) of what the plain server finds free after EAGLE loaded.
+    assert plain.argv == (
+        *SGLANG, *MODEL_70B,
+        "--host", "127.0.0.1", "--port", "30002", "--tp-size", "8", "--mem-fraction-static", "0.785",
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"plain"}',
+    )  # fmt: skip
+
+
+def test_single_h100_example() -> None:
+    plan = example_plan("h100-dev-colocated.toml")
+    eagle, plain = plan.processes
+    assert plan.warnings == ()
+    assert plan.sequential is True
+    assert eagle.env == plain.env == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert "--tp-size" in eagle.argv and eagle.argv[eagle.argv.index("--tp-size") + 1] == "1"
+    assert _flag(eagle.argv, "--max-running-requests") == "20"  # threshold 16 + 4
+    assert _flag(eagle.argv, "--mem-fraction-static") == "0.3"
+    assert _flag(plain.argv, "--mem-fraction-static") == "0.642"  # 0.45 / 0.7, rounded down
+    assert _flag(eagle.argv, "--model-path") == "/models/Llama-3.1-8B-Instruct"
+    assert _flag(eagle.argv, "--speculative-draft-model-path") == "/models/EAGLE3-LLaMA3.1-Instruct-8B"
+
+
+def _flag(argv: tuple[str, ...], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+# --- derived defaults -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cap", "limit"), [(0, 2), (1, 3), (2, 4), (8, 10), (16, 20), (48, 60)])
+def test_eagle_running_limit_adds_a_quarter_at_least_two(cap: int, limit: int) -> None:
+    assert eagle_running_limit(cap) == limit
+
+
+def test_eagle_limits_follow_the_cap_and_explicit_values_win() -> None:
+    derived = build_plan(launch(), eagle_cap=48).processes[0].argv
+    assert _flag(derived, "--max-running-requests") == "60"
+    assert _flag(derived, "--cuda-graph-max-bs-decode") == "60"
+    explicit = launch(
+        eagle={"gpus": [0, 1, 2, 3], "port": 30001, "max_running_requests": 32, "cuda_graph_max_bs_decode": 40}
+    )
+    argv = build_plan(explicit, eagle_cap=8).processes[0].argv
+    assert _flag(argv, "--max-running-requests") == "32"
+    assert _flag(argv, "--cuda-graph-max-bs-decode") == "40"
+    only_limit = launch(eagle={"gpus": [0], "port": 30001, "max_running_requests": 12})
+    assert _flag(build_plan(only_limit, eagle_cap=8).processes[0].argv, "--cuda-graph-max-bs-decode") == "12"
+
+
+def test_plain_server_keeps_sglang_defaults_unless_set() -> None:
+    plain = build_plan(launch(), eagle_cap=2).processes[1].argv
+    for flag in (
+        "--max-running-requests",
+        "--cuda-graph-max-bs-decode",
+        "--mem-fraction-static",
+        "--speculative-algorithm",
+    ):
+        assert flag not in plain
+    configured = launch(
+        plain={"gpus": [4, 5, 6, 7], "port": 30002, "max_running_requests": 256, "mem_fraction_static": 0.8}
+    )
+    argv = build_plan(configured, eagle_cap=2).processes[1].argv
+    assert _flag(argv, "--max-running-requests") == "256"
+    assert _flag(argv, "--mem-fraction-static") == "0.8"
+
+
+def test_tp_size_comes_from_the_gpus_unless_given() -> None:
+    config = launch(
+        eagle={"gpus": [0, 1], "port": 30001},
+        plain={"gpus": [2, 3, 4, 5], "tp_size": 2, "port": 30002, "extra_args": ["--dp-size", "2"]},
+    )
+    plan = build_plan(config, eagle_cap=2)
+    assert _flag(plan.processes[0].argv, "--tp-size") == "2"
+    assert _flag(plan.processes[1].argv, "--tp-size") == "2"
+    assert plan.warnings == ()
+
+
+def test_colocated_default_shares_and_shared_gpu_list() -> None:
+    config = launch(topology="colocated", eagle={"gpus": [0, 1], "port": 30001}, plain={"port": 30002})
+    plan = build_plan(config, eagle_cap=2)
+    eagle, plain = plan.processes
+    assert _flag(eagle.argv, "--mem-fraction-static") == "0.3"
+    assert _flag(plain.argv, "--mem-fraction-static") == "0.714"  # 0.5 / 0.7
+    assert plain.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert _flag(plain.argv, "--tp-size") == "2"
+
+
+def test_unset_ports_are_picked_and_every_endpoint_uses_its_own() -> None:
+    config = launch(eagle={"gpus": [0]}, plain={"gpus": [1]})
+    plan = build_plan(config, eagle_cap=2, free_port=ports(50000))
+    assert [e.url for e in plan.endpoints] == ["http://127.0.0.1:50000", "http://127.0.0.1:50001"]
+    assert _flag(plan.processes[0].argv, "--port") == "50000"
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [("0.0.0.0", "http://127.0.0.1:30001"), ("::", "http://[::1]:30001"), ("::1", "http://[::1]:30001")],
+)
+def test_endpoint_url_reaches_wildcard_hosts_over_loopback(host: str, url: str) -> None:
+    config = launch(eagle={"gpus": [0], "host": host, "port": 30001})
+    assert build_plan(config, eagle_cap=2).endpoints[0].url == url
+
+
+def test_api_key_goes_to_every_server_and_user_env_is_kept() -> None:
+    config = launch(backend_api_key="s3cret", plain={"gpus": [4], "port": 30002, "env": {"NCCL_DEBUG": "WARN"}})
+    eagle, plain = build_plan(config, eagle_cap=2).processes
+    assert _flag(eagle.argv, "--api-key") == "s3cret" and _flag(plain.argv, "--api-key") == "s3cret"
+    assert plain.env == {"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "4"}
+
+
+def test_extra_args_come_last() -> None:
+    config = launch(eagle={"gpus": [0], "port": 30001, "extra_args": ["--context-length", "8192"]})
+    assert build_plan(config, eagle_cap=2).processes[0].argv[-2:] == ("--context-length", "8192")
+
+
+# --- the simulator ----------------------------------------------------------------------------
+
+
+def test_sim_partitioned_is_two_processes_of_the_sim_module() -> None:
+    config = LaunchConfig(time_scale=0.25, startup_delay=1.5, seed=7, served_model_name="sim-model")
+    plan = build_plan(config, eagle_cap=2, free_port=ports(42000))
+    eagle, plain = plan.processes
+    assert eagle.argv == (
+        sys.executable, "-m", "backends.sim", "--role", "eagle", "--host", "127.0.0.1", "--port", "42000",
+        "--profile", "field-8gpu", "--time-scale", "0.25", "--seed", "7", "--startup-delay", "1.5",
+        "--served-model-name", "sim-model", "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}',
+    )  # fmt: skip
+    assert plain.argv[3:9] == ("--role", "plain", "--host", "127.0.0.1", "--port", "42001")
+    # The simulator's profile is its capacity model: no derived limits, no GPUs.
+    assert "--max-running-requests" not in eagle.argv and eagle.env == {}
+    assert plan.sequential is False and plan.warnings == ()
+
+
+def test_sim_colocated_is_one_process_with_two_endpoints() -> None:
+    config = LaunchConfig(topology="colocated", profile="llama8b-h100", profile_file=Path(__file__))
+    plan = build_plan(config, eagle_cap=2, free_port=ports(43000))
+    (process,) = plan.processes
+    assert process.name == "colocated"
+    assert process.argv[3:10] == (
+        "--colocated",
+        "--host",
+        "127.0.0.1",
+        "--eagle-port",
+        "43000",
+        "--plain-port",
+        "43001",
+    )
+    assert _flag(process.argv, "--profile-file") == str(Path(__file__))
+    assert [(e.backend, e.url, e.speculative) for e in process.endpoints] == [
+        ("eagle", "http://127.0.0.1:43000", True),
+        ("plain", "http://127.0.0.1:43001", False),
+    ]
+
+
+def test_sim_gets_explicit_limits_and_the_api_key() -> None:
+    config = LaunchConfig.model_validate({"backend_api_key": "k", "eagle": {"max_running_requests": 8}})
+    eagle, plain = build_plan(config, eagle_cap=2, free_port=ports()).processes
+    assert _flag(eagle.argv, "--max-running-requests") == "8"
+    assert _flag(plain.argv, "--api-key") == "k"
+
+
+# --- warnings ---------------------------------------------------------------------------------
+
+
+def _one(warnings: tuple[str, ...], *needles: str) -> str:
+    hits = [w for w in warnings if all(n in w for n in needles)]
+    assert len(hits) == 1, f"expected one warning with {needles}, got {warnings}"
+    return hits[0]
+
+
+def test_warns_about_overlapping_gpus_in_partitioned_mode() -> None:
+    warnings = warnings_of(
+        launch(eagle={"gpus": [0, 1, 2, 3], "port": 30001}, plain={"gpus": [3, 4, 5, 6], "port": 30002})
+    )
+    assert "[3]" in _one(warnings, "share GPUs")
+
+
+def test_warns_when_a_partitioned_server_has_no_gpus() -> None:
+    _one(warnings_of(launch(plain={"port": 30002})), "launch.plain.gpus is empty")
+
+
+def test_warns_when_tp_size_does_not_divide_the_gpus() -> None:
+    _one(
+        warnings_of(launch(eagle={"gpus": [0, 1, 2], "tp_size": 2, "port": 30001})),
+        "tp_size 2 does not divide its 3 GPUs",
+    )
+
+
+def test_warns_when_gpus_would_stay_idle_or_are_too_few() -> None:
+    idle = warnings_of(launch(eagle={"gpus": [0, 1, 2, 3], "tp_size": 2, "port": 30001}))
+    assert "--dp-size 2" in _one(idle, "uses 2 of its 4 GPUs")
+    too_few = warnings_of(launch(eagle={"gpus": [0, 1], "tp_size": 2, "port": 30001, "extra_args": ["--dp-size=2"]}))
+    _one(too_few, "needs 4 GPUs")
+
+
+def test_warns_about_missing_model_and_draft() -> None:
+    warnings = warnings_of(launch(model_path=None, draft_model_path=None))
+    _one(warnings, "launch.model_path is not set")
+    _one(warnings, "launch.draft_model_path is not set", "EAGLE3")
+    assert not any("draft" in w for w in warnings_of(launch(draft_model_path=None, speculative_algorithm="NEXTN")))
+
+
+def test_warns_when_colocated_shares_leave_no_headroom() -> None:
+    config = launch(topology="colocated", eagle={"gpus": [0], "mem_fraction_static": 0.4, "port": 30001},
+                    plain={"gpus": [0], "mem_fraction_static": 0.55, "port": 30002})  # fmt: skip
+    _one(warnings_of(config), "add up to 0.95")
+
+
+def test_colocated_shares_of_one_or_more_are_an_error() -> None:
+    config = launch(topology="colocated", eagle={"gpus": [0], "mem_fraction_static": 0.5, "port": 30001},
+                    plain={"gpus": [0], "mem_fraction_static": 0.5, "port": 30002})  # fmt: skip
+    with pytest.raises(PlanError, match="must stay below 1"):
+        build_plan(config, eagle_cap=2)
+
+
+def test_warns_when_colocated_servers_get_different_gpus() -> None:
+    config = launch(topology="colocated", eagle={"gpus": [0, 1], "port": 30001}, plain={"gpus": [2, 3], "port": 30002})
+    _one(warnings_of(config), "should share the same GPUs")
+
+
+def test_warns_when_sglang_would_override_num_draft_tokens() -> None:
+    _one(warnings_of(launch(num_steps=5, num_draft_tokens=4)), "num_steps + 1 = 6")
+    assert warnings_of(launch(num_steps=5, eagle_topk=4, num_draft_tokens=8)) == ()
+
+
+def test_warns_when_eagle_limits_are_below_the_policy() -> None:
+    config = launch(
+        eagle={"gpus": [0, 1, 2, 3], "port": 30001, "max_running_requests": 4, "cuda_graph_max_bs_decode": 2}
+    )
+    warnings = warnings_of(config, eagle_cap=8)
+    _one(warnings, "max_running_requests = 4 is below", "cap 8")
+    _one(warnings, "cuda_graph_max_bs_decode = 2 is below")
+
+
+def test_warns_about_removed_and_duplicated_flags_in_extra_args() -> None:
+    config = launch(eagle={"gpus": [0, 1, 2, 3], "port": 30001, "extra_args": ["--cuda-graph-max-bs", "8", "--port=9"]})
+    warnings = warnings_of(config)
+    assert "--cuda-graph-max-bs-decode" in _one(warnings, "--cuda-graph-max-bs is removed")
+    _one(warnings, "--port is also set by the plan")
+    # A flag the plan leaves unset is not a duplicate.
+    assert (
+        warnings_of(launch(plain={"gpus": [4, 5, 6, 7], "port": 30002, "extra_args": ["--mem-fraction-static", "0.8"]}))
+        == ()
+    )
+
+
+def test_warns_when_both_servers_use_one_address() -> None:
+    _one(warnings_of(launch(plain={"gpus": [4], "port": 30001})), "both use http://127.0.0.1:30001")
+
+
+def test_sim_warnings() -> None:
+    missing = LaunchConfig(profile_file=Path("/nonexistent/profile.toml"))
+    _one(warnings_of(missing), "profile_file /nonexistent/profile.toml does not exist")
+    hosts = LaunchConfig.model_validate(
+        {"topology": "colocated", "eagle": {"host": "127.0.0.1"}, "plain": {"host": "127.0.0.2"}}
+    )
+    _one(warnings_of(hosts), "one process on one host")
+
+
+def test_negative_eagle_cap_is_an_error() -> None:
+    with pytest.raises(PlanError):
+        build_plan(launch(), eagle_cap=-1)
+
+
+# --- config validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"speculative_algorithm": "MEDUSA"}, "unknown speculative_algorithm"),
+        ({"served_model_name": "llama:lora"}, "may not contain ':'"),
+        ({"eagle": {"gpus": [0, 0]}}, "GPU ids repeat"),
+        ({"eagle": {"gpus": [-1]}}, "GPU ids are >= 0"),
+        ({"eagle": {"mem_fraction_static": 1.2}}, "less than 1"),
+        ({"plain": {"port": 70000}}, "less than or equal to 65535"),
+        ({"restart_backoff_initial": 10, "restart_backoff_max": 5}, "below restart_backoff_initial"),
+        ({"eagle": {"gpu": [0]}}, "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_launch_config_is_rejected_with_the_key_named(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        LaunchConfig.model_validate(values)
+
+
+def test_algorithm_is_normalised_to_sglang_spelling() -> None:
+    assert LaunchConfig(speculative_algorithm="eagle3").speculative_algorithm == "EAGLE3"
+
+
+# --- redaction --------------------------------------------------------------------------------
+
+
+def test_redaction_hides_keys_in_both_flag_forms_and_secret_env() -> None:
+    assert redact_argv(("x", "--api-key", "k1", "--admin-api-key=k2", "--port", "1")) == (
+        "x", "--api-key", "***", "--admin-api-key=***", "--port", "1",
+    )  # fmt: skip
+    assert redact_env({"HF_TOKEN": "t", "CUDA_VISIBLE_DEVICES": "0"}) == {
+        "HF_TOKEN": "***",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
+
+
+# --- specgate plan ----------------------------------------------------------------------------
+
+
+def run_plan(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["plan", *args])
+    return result.exit_code, result.output
+
+
+def test_plan_json_is_the_plan() -> None:
+    code, output = run_plan("--config", str(CONFIGS / "b200x8-partitioned.toml"), "--json")
+    assert code == 0, output
+    doc = json.loads(output)
+    plan = example_plan("b200x8-partitioned.toml")
+    assert doc["engine"] == "sglang" and doc["topology"] == "partitioned"
+    assert doc["policy"] == "spill" and doc["eagle_cap"] == 16
+    assert doc["sequential"] is False and doc["warnings"] == [] and doc["unset_ports"] == []
+    assert [p["argv"] for p in doc["processes"]] == [list(p.argv) for p in plan.processes]
+    assert [p["env"] for p in doc["processes"]] == [p.env for p in plan.processes]
+    assert doc["processes"][0]["endpoints"] == [
+        {
+            "backend": "eagle",
+            "url": "http://127.0.0.1:30001",
+            "speculative": True,
+            "served_model_name": "llama-3.3-70b-instruct",
+        }
+    ]
+    assert doc["processes"][1]["command"].startswith("CUDA_VISIBLE_DEVICES=4,5,6,7 python3 -m sglang.launch_server ")
+
+
+def test_plan_text_is_pasteable_and_lists_warnings(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(
+        '[launch]\nengine = "sglang"\nmodel_path = "/m"\nbackend_api_key = "top-secret"\n'
+        "[launch.eagle]\ngpus = [0, 1]\nport = 30001\n[launch.plain]\ngpus = [1, 2]\nport = 30002\n"
+    )
+    code, output = run_plan("--config", str(config))
+    assert code == 0, output
+    assert "top-secret" not in output and "--api-key '***'" in output
+    assert "CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server \\\n" in output
+    assert '--extra-metric-labels \'{"pool":"eagle"}\'' in output
+    assert "2 warning(s):" in output and "share GPUs [1]" in output and "draft_model_path is not set" in output
+    code, output = run_plan("--config", str(config), "--json")
+    assert code == 0 and "top-secret" not in output
+    assert run_plan("--config", str(config), "--strict")[0] == 1
+
+
+def test_plan_names_unset_ports_and_external_backends(tmp_path: Path) -> None:
+    config = tmp_path / "ext.toml"
+    config.write_text(
+        '[[backends]]\nname = "eagle"\nurl = "http://10.0.0.1:1"\nspeculative = true\n'
+        '[[backends]]\nname = "plain"\nurl = "http://10.0.0.1:2"\nspeculative = false\n'
+    )
+    code, output = run_plan("--config", str(config))
+    assert code == 0, output
+    assert "starts nothing" in output
+    assert "launch.eagle.port is unset" in output
+    doc = json.loads(run_plan("--config", str(config), "--json")[1])
+    assert doc["launches_backends"] is False and doc["unset_ports"] == ["launch.eagle.port", "launch.plain.port"]
+
+
+def test_plan_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
+    code, output = run_plan("--config", str(tmp_path / "missing.toml"))
+    assert code == 1 and "config file not found" in output
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[launch]\nengine = "vllm"\n')
+    code, output = run_plan("--config", str(bad))
+    assert code == 1 and "launch.engine" in output
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[launch\n")
+    code, output = run_plan("--config", str(broken))
+    assert code == 1 and "Error:" in output
+    impossible = tmp_path / "impossible.toml"
+    impossible.write_text(
+        '[launch]\nengine = "sglang"\ntopology = "colocated"\n'
+        "[launch.eagle]\nmem_fraction_static = 0.6\n[launch.plain]\nmem_fraction_static = 0.6\n"
+    )
+    code, output = run_plan("--config", str(impossible))
+    assert code == 1 and "must stay below 1" in output

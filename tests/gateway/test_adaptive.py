@@ -1,0 +1,234 @@
+"""The adaptive policy's decision rule on hand-built snapshots and hand-computed predictions.
+
+Estimators are trained with exact points from known lines, so every prediction below can be
+worked out by hand: TPOT(n) = alpha + beta*n.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.adaptive import SPEC_PRIOR, AdaptivePolicy
+from gateway.config import PolicyConfig
+from gateway.estimator import Fit
+from gateway.pool import BackendView, PoolSnapshot
+from gateway.routing import Completion, Decision, make_policy, route
+
+MS = 1e-3
+# field-8gpu's lines (calibration.md), seconds: EAGLE (5.82 + 8.47n)/3, plain 4.53 + 1.294n.
+FIELD_EAGLE = Fit(1.94 * MS, 8.47 / 3 * MS)
+FIELD_PLAIN = Fit(4.53 * MS, 1.294 * MS)
+# llama8b-h100's: EAGLE (10.71 + 0.149n)/2.9, plain 6.27 + 0.045n.
+LLAMA_EAGLE = Fit(10.71 / 2.9 * MS, 0.149 / 2.9 * MS)
+LLAMA_PLAIN = Fit(6.27 * MS, 0.045 * MS)
+
+
+def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True) -> PoolSnapshot:
+    return PoolSnapshot((BackendView("eagle", True, eagle_up, eagle), BackendView("plain", False, plain_up, plain)))
+
+
+def completion(backend: str, line: Fit, n: float, tokens: int = 129) -> Completion:
+    return Completion(backend, tokens, ttft=0.02, decode_seconds=line.at(n) * (tokens - 1), mean_inflight=n)
+
+
+def trained(eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
+    """A policy that has seen `points` exact responses per backend at loads 1..16, spread evenly."""
+    policy = AdaptivePolicy(**kwargs)  # type: ignore[arg-type]
+    policy.choose(snap(0, 0))  # learns which backend is the speculative one
+    for i in range(points):
+        n = 1 + i % 16
+        policy.observe(completion("eagle", eagle, n))
+        policy.observe(completion("plain", plain, n))
+    return policy
+
+
+def steady(policy: AdaptivePolicy, eagle: int, plain: int) -> Decision:
+    """A decision when both backends have recently had traffic (no probe due)."""
+    for arm in policy._arms.values():
+        arm.since_routed = 0
+    return policy.choose(snap(eagle, plain))
+
+
+def test_fitted_lines_are_the_truth() -> None:
+    policy = trained(FIELD_EAGLE, FIELD_PLAIN)
+    beliefs = policy.beliefs()["backends"]
+    assert beliefs["eagle"]["alpha_seconds"] == pytest.approx(FIELD_EAGLE.alpha, rel=1e-2)
+    assert beliefs["eagle"]["beta_seconds_per_request"] == pytest.approx(FIELD_EAGLE.beta, rel=1e-2)
+    assert beliefs["plain"]["alpha_seconds"] == pytest.approx(FIELD_PLAIN.alpha, rel=1e-2)
+    assert beliefs["plain"]["beta_seconds_per_request"] == pytest.approx(FIELD_PLAIN.beta, rel=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("eagle", "plain", "expected"),
+    [
+        # field-8gpu: EAGLE(1) = 4.76 ms < plain(1) = 5.82 ms: a lone request speculates.
+        (0, 0, "eagle"),
+        # EAGLE(2) = 7.59 ms > plain(1) = 5.82 ms.
+        (1, 0, "plain"),
+        # EAGLE(2) = 7.59 < plain(3) = 8.41.
+        (1, 2, "eagle"),
+        # EAGLE(12) = 35.8 vs plain(25) = 36.9: EAGLE; EAGLE(13) = 38.6 vs plain(25): plain.
+        (11, 24, "eagle"),
+        (12, 24, "plain"),
+    ],
+)
+def test_field_profile_lowest_predicted_tpot_wins(eagle: int, plain: int, expected: str) -> None:
+    policy = trained(FIELD_EAGLE, FIELD_PLAIN)
+    assert steady(policy, eagle, plain) == Decision(expected, "adaptive_predicted_faster")
+
+
+@pytest.mark.parametrize(
+    ("eagle", "plain", "expected"),
+    [
+        # llama8b-h100: EAGLE(n) < plain(1) = 6.315 ms until n = 51: EAGLE(51) = 6.313, EAGLE(52) = 6.365.
+        (50, 0, "eagle"),
+        (51, 0, "plain"),
+        # With plain busy, EAGLE keeps winning far beyond SGLang's 48: EAGLE(81) = 7.85 < plain(41) = 8.12.
+        (80, 40, "eagle"),
+    ],
+)
+def test_llama_profile_lowest_predicted_tpot_wins(eagle: int, plain: int, expected: str) -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN)
+    assert steady(policy, eagle, plain) == Decision(expected, "adaptive_predicted_faster")
+
+
+def test_crossover_is_where_the_lines_meet() -> None:
+    # field: 1.94 + 2.823n = 4.53 + 1.294n at n = 2.59 / 1.529 = 1.69 ("about 2").
+    assert trained(FIELD_EAGLE, FIELD_PLAIN).crossover() == pytest.approx(1.694, rel=1e-2)
+    # llama: 3.693 + 0.0514n = 6.27 + 0.045n at n = 2.577 / 0.00638 = 404.
+    assert trained(LLAMA_EAGLE, LLAMA_PLAIN).crossover() == pytest.approx(404, rel=2e-2)
+    # EAGLE faster at every load: never; plain faster at every load: from the start.
+    assert trained(Fit(1 * MS, 0.1 * MS), Fit(2 * MS, 0.2 * MS)).crossover() == math.inf
+    assert trained(Fit(3 * MS, 0.1 * MS), Fit(2 * MS, 0.1 * MS)).crossover() == 0.0
+
+
+def test_cap_sends_the_overflow_to_plain_even_when_eagle_is_faster() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, eagle_cap=48)
+    assert steady(policy, 47, 0) == Decision("eagle", "adaptive_predicted_faster")
+    assert steady(policy, 48, 0) == Decision("plain", "adaptive_cap")
+    assert steady(policy, 48, 60) == Decision("plain", "adaptive_cap")
+    # Not a cap decision when plain is the faster one anyway.
+    assert steady(trained(FIELD_EAGLE, FIELD_PLAIN, eagle_cap=2), 2, 0) == Decision("plain", "adaptive_predicted_faster")
+
+
+def test_unavailable_backend_gets_nothing() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN)
+    assert policy.choose(snap(0, 0, eagle_up=False)) == Decision("plain", "adaptive_unavailable")
+    assert policy.choose(snap(0, 0, plain_up=False)) == Decision("eagle", "adaptive_unavailable")
+    assert route(policy, snap(0, 0, eagle_up=False, plain_up=False)) is None
+
+
+def test_a_backend_back_from_an_outage_is_relearned_and_probed() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN)
+    policy.choose(snap(5, 0, plain_up=False))
+    decision = policy.choose(snap(5, 0))  # plain is back: probe it while it is idle
+    assert decision == Decision("plain", "adaptive_explore")
+    assert policy._arms["plain"].estimator.evidence < 20  # most old evidence dropped
+
+
+def test_cold_start_lone_request_speculates_and_each_backend_gets_measured() -> None:
+    policy = AdaptivePolicy()
+    assert policy.choose(snap(0, 0)) == Decision("eagle", "adaptive_prior")
+    assert policy.choose(snap(1, 0)) == Decision("plain", "adaptive_explore")
+    assert policy.choose(snap(1, 1)) == Decision("plain", "adaptive_prior")
+    policy.observe(completion("plain", FIELD_PLAIN, 1))
+    # plain measured, EAGLE not yet: an idle EAGLE gets the next request, a busy one does not.
+    assert policy.choose(snap(0, 3)) == Decision("eagle", "adaptive_explore")
+    assert policy.choose(snap(1, 3)) == Decision("plain", "adaptive_prior")
+
+
+def test_exploration_is_bounded_to_idle_backends_every_n_decisions() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, probe_every=10)
+    for arm in policy._arms.values():
+        arm.since_routed = 0
+    reasons = [policy.choose(snap(3, 0)).reason for _ in range(100)]
+    # Plain is idle and slower at this load: one probe per 10 decisions, no more.
+    assert reasons.count("adaptive_explore") == 100 // 11
+    # A busy backend is never probed, however long it has been.
+    policy._arms["plain"].since_routed = 1000
+    assert policy.choose(snap(3, 1)) == Decision("eagle", "adaptive_predicted_faster")
+
+
+def test_slo_mode_keeps_the_most_requests_within_target() -> None:
+    # field lines, target 30 ms per token: EAGLE holds 9 (EAGLE(10) = 30.2), plain 19 (plain(20) = 30.4).
+    policy = trained(FIELD_EAGLE, FIELD_PLAIN, slo_tpot=0.030)
+    # Room on one of them: as without a target.
+    assert steady(policy, 9, 10) == Decision("plain", "adaptive_predicted_faster")
+    # Both full: the new request goes where it breaks the target for the fewest requests. Both
+    # are within target now, so that is the one with fewer requests (9 + 1 < 19 + 1).
+    assert steady(policy, 9, 19) == Decision("eagle", "adaptive_slo")
+    # Once EAGLE is past the target, further overflow stays there and plain's 19 keep theirs.
+    assert steady(policy, 11, 19) == Decision("eagle", "adaptive_slo")
+    # Without the target, greedy would have spread the overflow over both: EAGLE(12) > plain(20).
+    assert steady(trained(FIELD_EAGLE, FIELD_PLAIN), 11, 19) == Decision("plain", "adaptive_predicted_faster")
+
+
+def test_slo_mode_respects_the_cap() -> None:
+    policy = trained(FIELD_EAGLE, FIELD_PLAIN, slo_tpot=0.030, eagle_cap=9)
+    assert steady(policy, 9, 19) == Decision("plain", "adaptive_cap")
+
+
+def test_colocated_compares_whole_load_on_one_server() -> None:
+    """One GPU timeline: 'which server would run all of it faster' (a learned threshold)."""
+    colocated = trained(FIELD_EAGLE, FIELD_PLAIN, colocated=True)
+    # 0 + 1 in flight: EAGLE(2) = 7.59 > plain(2) = 7.12: plain, even though EAGLE itself is empty.
+    assert steady(colocated, 0, 1) == Decision("plain", "adaptive_predicted_faster")
+    # Partitioned, the idle EAGLE server would take it: EAGLE(1) = 4.76 < plain(2) = 7.12.
+    assert steady(trained(FIELD_EAGLE, FIELD_PLAIN), 0, 1) == Decision("eagle", "adaptive_predicted_faster")
+    assert steady(colocated, 0, 0) == Decision("eagle", "adaptive_predicted_faster")
+
+
+def test_speculation_prior_fades_with_evidence() -> None:
+    policy = AdaptivePolicy()
+    policy.choose(snap(0, 0))
+    # One short, unlucky EAGLE warm-up response (5% slower than plain) and one plain response.
+    policy.observe(completion("eagle", Fit(6.1 * MS, 0.0), 1, tokens=16))
+    policy.observe(completion("plain", Fit(5.82 * MS, 0.0), 1, tokens=16))
+    assert steady(policy, 0, 0).backend == "eagle"  # the prior outweighs one short response
+    for _ in range(5):
+        policy.observe(completion("eagle", Fit(6.1 * MS, 0.0), 1))
+    assert steady(policy, 0, 0).backend == "plain"  # real evidence outweighs the prior
+    assert policy._spec_factor(policy._arms["eagle"]) > 1 - SPEC_PRIOR / 5
+
+
+def test_beliefs_follow_the_live_pool() -> None:
+    policy = trained(FIELD_EAGLE, FIELD_PLAIN)
+    load = {"eagle": 3, "plain": 10}
+    policy.attach(lambda: snap(load["eagle"], load["plain"]))
+    beliefs = policy.beliefs()
+    factor = policy._spec_factor(policy._arms["eagle"])
+    assert beliefs["predicted_tpot_seconds"]["eagle"] == pytest.approx(FIELD_EAGLE.at(4) * factor, rel=1e-3)
+    assert beliefs["predicted_tpot_seconds"]["plain"] == pytest.approx(FIELD_PLAIN.at(11), rel=1e-3)
+    assert beliefs["crossover_concurrency"] == pytest.approx(1.694, rel=1e-2)
+    load["plain"] = 0
+    assert policy.beliefs()["predicted_tpot_seconds"]["plain"] == pytest.approx(FIELD_PLAIN.at(1), rel=1e-3)
+
+
+def test_responses_without_decode_time_teach_nothing() -> None:
+    policy = AdaptivePolicy()
+    policy.choose(snap(0, 0))
+    policy.observe(Completion("eagle", 1, 0.01, 0.0, 1.0))
+    policy.observe(Completion("eagle", 5, 0.01, 0.0, 1.0))
+    assert policy.beliefs()["backends"]["eagle"]["observations"] == 0
+
+
+def test_configured_through_the_policy_table() -> None:
+    policy = make_policy(
+        PolicyConfig(
+            name="adaptive", adaptive_eagle_cap=64, adaptive_slo_tpot_ms=25, adaptive_probe_every=7, adaptive_colocated=True
+        )
+    )
+    assert isinstance(policy, AdaptivePolicy)
+    assert policy.eagle_cap == 64
+    described = policy.describe()
+    assert described["slo_tpot_seconds"] == pytest.approx(0.025)
+    assert described["probe_every"] == 7 and described["colocated"] is True
+    assert make_policy(PolicyConfig(name="adaptive")).eagle_cap == 128
+
+
+@pytest.mark.parametrize("kwargs", [{"eagle_cap": 0}, {"probe_every": 0}, {"slo_tpot": 0.0}])
+def test_bad_parameters_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        AdaptivePolicy(**kwargs)  # type: ignore[arg-type]

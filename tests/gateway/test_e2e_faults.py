@@ -1,0 +1,176 @@
+"""End to end against simulated backends with faults: disconnects, a killed backend, draining, a hang.
+
+Each test gets fresh sims (10x time-scale, test-only routes on) and a gateway pointed at them.
+Waiting is done by polling a condition with a deadline, never by sleeping a guessed time.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.gatewayproc import GatewayProcess, start_gateway
+from tests.simproc import SimFactory, SimHandle
+
+pytestmark = pytest.mark.timeout(120)
+
+SIM_ARGS = ("--time-scale", "0.1", "--enable-test-endpoints", "--enable-metrics")
+
+
+def eventually(condition: Callable[[], Any], within: float, what: str) -> Any:
+    """Poll `condition` until truthy; fail with `what` after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within} s: {what}")
+        time.sleep(0.02)
+
+
+class Rig:
+    """Two sims and a gateway in front of them."""
+
+    def __init__(self, sims: SimFactory, tmp_path: Path, **sections: str) -> None:
+        self.eagle = sims.start("--role", "eagle", *SIM_ARGS)
+        self.plain = sims.start("--role", "plain", *SIM_ARGS)
+        toml = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
+        toml += "".join(
+            f'\n[[backends]]\nname = "{name}"\nurl = "{sim.url()}"\nspeculative = {str(name == "eagle").lower()}\n'
+            for name, sim in (("eagle", self.eagle), ("plain", self.plain))
+        )
+        config = tmp_path / "gateway.toml"
+        config.write_text(toml)
+        self.gw: GatewayProcess = start_gateway(config=config)
+        eventually(lambda: httpx.get(self.gw.url + "/ready").status_code == 200, 10, "gateway ready")
+        self.model = httpx.get(self.gw.url + "/v1/models").json()["data"][0]["id"]
+        self.client = openai.OpenAI(base_url=self.gw.url + "/v1", api_key="x", max_retries=0)
+
+    def status(self) -> dict[str, Any]:
+        return {b["name"]: b for b in httpx.get(self.gw.url + "/admin/status").json()["backends"]}
+
+    def inflight(self) -> int:
+        return sum(b["inflight"] for b in self.status().values())
+
+    def sim_request(self, sim: SimHandle, rid: str) -> dict[str, Any] | None:
+        found = httpx.get(sim.url() + "/_test/requests", params={"rid": rid}).json()
+        return found[0] if found else None
+
+    def fault(self, sim: SimHandle, **spec: Any) -> None:
+        httpx.post(sim.url() + "/_test/fault", json=spec).raise_for_status()
+
+    def chat(self, max_tokens: int = 4, **kw: Any) -> Any:
+        return self.client.chat.completions.with_raw_response.create(
+            model=self.model, messages=[{"role": "user", "content": "hello there"}], max_tokens=max_tokens, **kw
+        )
+
+
+@pytest.fixture
+def sims() -> Iterator[SimFactory]:
+    factory = SimFactory()
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture
+def rig(sims: SimFactory, tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(sims, tmp_path, health="ready_interval = 0.2", timeouts="first_byte = 2.0\nidle = 5.0")
+    try:
+        yield r
+    finally:
+        r.gw.stop()
+
+
+def test_client_dropping_a_stream_after_the_first_chunk_aborts_upstream(rig: Rig) -> None:
+    raw = rig.chat(max_tokens=5000, stream=True)
+    rid = raw.headers["x-request-id"]
+    backend = rig.eagle if raw.headers["x-specgate-backend"] == "eagle" else rig.plain
+    stream = raw.parse()
+    next(iter(stream))
+    assert rig.sim_request(backend, rid)["state"] == "running"  # type: ignore[index]
+    stream.close()
+    eventually(lambda: rig.inflight() == 0, 1.0, "gateway in-flight back to 0")
+    eventually(lambda: rig.sim_request(backend, rid)["state"] == "aborted", 1.0, "sim aborted the request")  # type: ignore[index]
+
+
+def test_client_leaving_before_the_first_token_aborts_upstream(rig: Rig) -> None:
+    rig.fault(rig.eagle, kind="slow_first_token", seconds=30)
+    impatient = rig.client.with_options(timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(
+            model=rig.model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=50,
+            stream=True,
+            extra_body={"rid": "early-leaver"},
+            extra_headers={"x-specgate-route": "eagle"},
+        )
+    eventually(lambda: rig.inflight() == 0, 1.0, "gateway in-flight back to 0")
+    eventually(lambda: (rig.sim_request(rig.eagle, "early-leaver") or {}).get("state") == "aborted", 1.0, "sim aborted it")
+
+
+def test_non_streaming_client_leaving_aborts_upstream(rig: Rig) -> None:
+    impatient = rig.client.with_options(timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(
+            model=rig.model, messages=[{"role": "user", "content": "hi"}], max_tokens=5000, extra_body={"rid": "gone"}
+        )
+    eventually(lambda: rig.inflight() == 0, 1.0, "gateway in-flight back to 0")
+    eventually(lambda: (rig.sim_request(rig.eagle, "gone") or {}).get("state") == "aborted", 1.0, "sim aborted it")
+
+
+def test_killed_backend_is_routed_around_and_no_request_fails(rig: Rig) -> None:
+    assert rig.chat().headers["x-specgate-backend"] == "eagle"  # a lone request goes to eagle
+    rig.eagle.signal(signal.SIGKILL)
+    rig.eagle.wait(5)
+    backends = [rig.chat().headers["x-specgate-backend"] for _ in range(5)]
+    assert backends == ["plain"] * 5  # the first is retried on plain after the refused connect
+    assert rig.status()["eagle"]["state"] == "down"
+    metrics = httpx.get(rig.gw.url + "/metrics").text
+    assert 'specgate_upstream_errors_total{backend="eagle",kind="connect"} 1.0' in metrics
+    assert 'reason="failover_retry"' in metrics
+    assert rig.inflight() == 0
+
+
+def test_draining_backend_stops_receiving_new_requests(rig: Rig) -> None:
+    rig.fault(rig.eagle, kind="draining")
+    eventually(lambda: rig.status()["eagle"]["state"] == "unready", 2.0, "eagle seen draining")
+    assert [rig.chat().headers["x-specgate-backend"] for _ in range(3)] == ["plain"] * 3
+    rig.fault(rig.eagle, kind="clear")
+    eventually(lambda: rig.status()["eagle"]["state"] == "ready", 2.0, "eagle back")
+    assert rig.chat().headers["x-specgate-backend"] == "eagle"
+
+
+def test_hung_backend_times_out_with_504_and_is_avoided(rig: Rig) -> None:
+    rig.fault(rig.eagle, kind="hang")
+    with pytest.raises(openai.InternalServerError) as info:
+        rig.chat()
+    assert info.value.status_code == 504
+    assert info.value.body["code"] == "upstream_timeout"  # type: ignore[index]
+    assert rig.status()["eagle"]["state"] in ("failing", "unready")
+    assert rig.chat().headers["x-specgate-backend"] == "plain"
+    assert rig.inflight() == 0
+
+
+def test_no_backend_left_is_a_503(rig: Rig) -> None:
+    for sim in (rig.eagle, rig.plain):
+        sim.signal(signal.SIGKILL)
+        sim.wait(5)
+    with pytest.raises(openai.APIStatusError) as info:
+        rig.chat()
+    assert info.value.status_code in (502, 503)
+    eventually(lambda: httpx.get(rig.gw.url + "/ready").status_code == 503, 2.0, "gateway not ready")
+    with pytest.raises(openai.InternalServerError) as again:
+        rig.chat()
+    assert again.value.status_code == 503
+    assert rig.inflight() == 0

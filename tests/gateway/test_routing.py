@@ -1,0 +1,52 @@
+"""Routing rules on hand-built snapshots: each policy is a pure function of the pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import PolicyConfig
+from gateway.pool import BackendView, PoolSnapshot
+from gateway.routing import Decision, SpillPolicy, ThresholdPolicy, make_policy, route
+
+
+def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True) -> PoolSnapshot:
+    return PoolSnapshot(
+        (BackendView("eagle", True, eagle_up, eagle), BackendView("plain", False, plain_up, plain))
+    )
+
+
+@pytest.mark.parametrize(
+    ("eagle", "plain", "expected"),
+    [(0, 0, "eagle"), (1, 0, "eagle"), (0, 1, "eagle"), (1, 1, "plain"), (2, 0, "plain"), (0, 5, "plain")],
+)
+def test_threshold_counts_total_inflight_before_the_request(eagle: int, plain: int, expected: str) -> None:
+    assert ThresholdPolicy(2).choose(snap(eagle, plain)).backend == expected
+
+
+def test_threshold_zero_sends_everything_to_plain() -> None:
+    assert ThresholdPolicy(0).choose(snap(0, 0)) == Decision("plain", "at_or_above_threshold")
+
+
+@pytest.mark.parametrize(("eagle", "plain", "expected"), [(0, 100, "eagle"), (47, 0, "eagle"), (48, 0, "plain"), (60, 3, "plain")])
+def test_spill_looks_only_at_eagle_inflight(eagle: int, plain: int, expected: str) -> None:
+    assert SpillPolicy(48).choose(snap(eagle, plain)).backend == expected
+
+
+def test_unavailable_choice_falls_back_to_the_other() -> None:
+    assert route(ThresholdPolicy(2), snap(0, 0, eagle_up=False)) == Decision("plain", "fallback_unavailable")
+    assert route(ThresholdPolicy(2), snap(5, 5, plain_up=False)) == Decision("eagle", "fallback_unavailable")
+
+
+def test_nothing_available_means_no_decision() -> None:
+    assert route(ThresholdPolicy(2), snap(0, 0, eagle_up=False, plain_up=False)) is None
+
+
+def test_forced_route_wins_but_is_never_moved() -> None:
+    assert route(ThresholdPolicy(2), snap(10, 10), forced="eagle") == Decision("eagle", "forced")
+    assert route(ThresholdPolicy(2), snap(0, 0, plain_up=False), forced="plain") is None
+
+
+def test_make_policy_and_caps() -> None:
+    assert make_policy(PolicyConfig(name="threshold", threshold=4)).eagle_cap == 4
+    assert make_policy(PolicyConfig(name="spill", eagle_max_inflight=12)).eagle_cap == 12
+    assert make_policy(PolicyConfig(name="threshold", threshold=0)).eagle_cap == 1

@@ -1,0 +1,176 @@
+"""End-to-end: short sweeps against a simulator and through `specgate serve`, and a short envelope."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from loadtest.cli import main
+from tests.gatewayproc import start_gateway
+from tests.simproc import running_sim
+
+FAST = ["--warmup", "1", "--input-len", "32"]
+
+
+def sweep(out: Path, *args: str) -> dict:
+    result = CliRunner().invoke(main, ["sweep", *FAST, "--out", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "results.json").read_text())
+
+
+def test_sweep_against_a_simulator_measures_what_the_model_predicts(tmp_path: Path) -> None:
+    # field-8gpu plain at time scale 0.5: TPOT at batch B is (4.53 + 1.294 B) * 0.5 ms.
+    with running_sim("--role", "plain", "--time-scale", "0.5", "--enable-metrics") as sim:
+        doc = sweep(tmp_path, "--target", f"plain={sim.url()}", "--concurrency", "1,4",
+                    "--requests-per-level", "2x", "--min-requests-per-level", "4", "--output-len", "24")
+    one, four = doc["levels"]
+    for level, batch in ((one, 1), (four, 4)):
+        t = level["targets"]["plain"]
+        assert t["completed"] == level["requests"] and t["failed"] == 0
+        assert t["total_output_tokens"] == 24 * level["requests"]  # ignore_eos + max_tokens: exact
+        assert t["total_input_tokens"] > 32 * level["requests"]  # 32 words + the chat template
+        model_tpot = (4.53 + 1.294 * batch) * 0.5
+        assert t["tpot_p50_ms"] == pytest.approx(model_tpot, rel=0.15)
+        assert t["itl_p50_ms"] == pytest.approx(model_tpot, rel=0.25)
+        assert t["backend_share"] is None
+        slip = t["monitor"]["sim_slip"][sim.url()]
+        assert slip is not None and slip["steps"] > 0
+    assert four["targets"]["plain"]["output_tok_s"] > 2 * one["targets"]["plain"]["output_tok_s"]
+    assert doc["command"].startswith("python -m loadtest sweep")
+    for name in ("results.csv", "throughput.png", "latency.png", "report.md"):
+        assert (tmp_path / name).exists()
+
+
+def test_open_loop_sweep_and_completions_endpoint(tmp_path: Path) -> None:
+    with running_sim("--role", "eagle", "--time-scale", "0.2") as sim:
+        doc = sweep(tmp_path, "--target", f"eagle={sim.url()}", "--request-rate", "20,inf",
+                    "--requests-per-level", "6", "--output-len", "12", "--endpoint", "completions")
+    assert doc["mode"] == "open-loop"
+    assert [lv["request_rate"] for lv in doc["levels"]] == [20.0, None]  # JSON has no infinity
+    for level in doc["levels"]:
+        t = level["targets"]["eagle"]
+        assert t["completed"] == 6 and t["total_output_tokens"] == 72
+        assert t["tpot_p50_ms"] is not None
+
+
+def test_sweep_through_specgate_serve_embedded_default(tmp_path: Path) -> None:
+    gw = start_gateway()
+    try:
+        doc = sweep(tmp_path, "--target", f"specgate={gw.url}", "--concurrency", "1,8",
+                    "--requests-per-level", "1x", "--min-requests-per-level", "4", "--output-len", "16")
+    finally:
+        assert gw.stop() == 0
+    lone, busy = (lv["targets"]["specgate"] for lv in doc["levels"])
+    assert lone["failed"] == busy["failed"] == 0
+    assert lone["backend_share"] == {"eagle": 1.0}  # a request alone is speculated
+    assert busy["backend_share"]["plain"] >= 0.5  # under load most go to plain decode
+    assert busy["total_output_tokens"] == 16 * 8
+
+
+def test_non_streamed_sweep_reports_e2e_and_no_tpot(tmp_path: Path) -> None:
+    with running_sim("--role", "plain", "--time-scale", "0.2") as sim:
+        doc = sweep(tmp_path, "--target", f"plain={sim.url()}", "--concurrency", "2", "--no-stream",
+                    "--requests-per-level", "2", "--min-requests-per-level", "0", "--output-len", "8")
+    t = doc["levels"][0]["targets"]["plain"]
+    assert t["completed"] == 2 and t["total_output_tokens"] == 16
+    assert t["tpot_p50_ms"] is None and t["ttft_p50_ms"] == pytest.approx(t["e2e_p50_ms"])
+
+
+def _processes_mentioning(ports: list[int]) -> list[psutil.Process]:
+    needles = [str(p) for p in ports]
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        launched_by_us = "backends.sim" in cmd or "serve" in cmd
+        if launched_by_us and any(f" {n}" in cmd or f"={n}" in cmd for n in needles):
+            found.append(proc)
+    return found
+
+
+def test_short_envelope_run_has_the_contract_shape_and_leaves_nothing_running(tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    result = CliRunner().invoke(main, [
+        "envelope", "--profile", "field-8gpu", "--concurrency", "1,4", "--time-scale", "0.5",
+        "--requests-per-level", "1x", "--min-requests-per-level", "4", "--output-len", "24", "--input-len", "16",
+        "--warmup", "1", "--min-throughput-ratio", "0.01", "--max-tpot-ratio", "100", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "results.json").read_text())
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 4]
+    for level in doc["levels"]:
+        assert set(level["targets"]) == {"eagle", "plain", "specgate"}
+        for t in level["targets"].values():
+            assert t["failed"] == 0
+            assert {"output_tok_s", "tpot_p50_ms", "ttft_p50_ms"} <= set(t)
+        assert set(level["targets"]["specgate"]["backend_share"]) <= {"eagle", "plain"}
+        assert level["throughput_ratio"] > 0 and level["tpot_ratio"] > 0
+    assert doc["levels"][0]["targets"]["specgate"]["backend_share"] == {"eagle": 1.0}
+    assert doc["envelope"]["all_met"]
+    assert doc["stack"]["time_scale"] == 0.5 and doc["stack"]["policy"] == "threshold"
+    assert "gateway_cpu_pct" in doc["levels"][1]["targets"]["specgate"]["monitor"]["cpu"]
+    assert (out / "specgate.toml").exists() and (out / "report.md").read_text().count("## Envelope") == 1
+    ports = [int(url.rsplit(":", 1)[1]) for url in doc["targets"].values()]
+    assert _processes_mentioning(ports) == []
+
+
+def test_envelope_exits_nonzero_when_a_bound_is_not_met(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "envelope", "--profile", "field-8gpu", "--concurrency", "1", "--time-scale", "0.3",
+        "--requests-per-level", "2", "--min-requests-per-level", "0", "--output-len", "8", "--input-len", "8",
+        "--warmup", "0", "--min-throughput-ratio", "50", "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 1
+    assert "throughput_ratio >= 50.0: NOT MET" in result.output
+    assert json.loads((tmp_path / "results.json").read_text())["envelope"]["all_met"] is False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Path, sig: signal.Signals) -> None:
+    argv = [sys.executable, "-m", "loadtest", "envelope", "--profile", "field-8gpu", "--concurrency", "2",
+            "--requests-per-level", "10000", "--output-len", "64", "--input-len", "8", "--time-scale", "1",
+            "--warmup", "0", "--out", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ports: list[int] = []
+    try:
+        ports = _wait_for_traffic(tmp_path / "specgate.toml", proc)
+        proc.send_signal(sig)  # to the load generator alone, as a terminal or a job runner would
+        assert proc.wait(60) != 0
+        deadline = time.monotonic() + 10
+        while _processes_mentioning(ports) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_mentioning(ports) == []
+    finally:
+        for leftover in _processes_mentioning(ports):
+            leftover.kill()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait_for_traffic(config: Path, proc: subprocess.Popen[bytes]) -> list[int]:
+    """Ports of the stack once the gateway has served a request (the sweep is under way)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if config.exists():
+            cfg = tomllib.loads(config.read_text())
+            ports = [cfg["server"]["port"], cfg["launch"]["eagle"]["port"], cfg["launch"]["plain"]["port"]]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/admin/status", timeout=2) as resp:
+                    status = json.loads(resp.read())
+                if sum(b["requests_served"] + b["inflight"] for b in status["backends"]) > 0:
+                    return ports
+            except OSError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError("the envelope never started sending requests")

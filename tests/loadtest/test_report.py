@@ -1,0 +1,132 @@
+"""Results files, envelope ratios and bound checks, from synthetic level results."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from loadtest.cli import main
+from loadtest.envelope import Bound, add_ratios
+from loadtest.records import LevelRun, RequestRecord
+from loadtest.report import build_document, write_all
+from loadtest.stats import level_stats
+from loadtest.sweep import (
+    Level,
+    LevelResult,
+    RequestsPerLevel,
+    SweepSettings,
+    Target,
+    TargetLevel,
+)
+
+MONITOR = {
+    "loop_lag": {"p50_ms": 0.1, "p99_ms": 0.5, "max_ms": 1.0},
+    "cpu": {"loadgen_cpu_pct": 20.0, "machine_busy_pct": 50.0, "cores": 2.0},
+    "sim_slip": {"http://127.0.0.1:1": {"slip_ms": 30.0, "steps": 100.0, "mean_step_lateness_ms": 0.3}, "http://127.0.0.1:2": None},
+}
+
+
+def run_of(tokens: int, seconds: float, gap: float, backend: str | None = None) -> LevelRun:
+    """One request of `tokens` tokens, one per chunk `gap` apart, inside a `seconds` window."""
+    chunks = [0.01 + gap * i for i in range(tokens)]
+    record = RequestRecord(
+        start=0.0, expected_output=tokens, end=chunks[-1], status=200, chunk_times=chunks,
+        chunk_texts=["w"] * tokens, prompt_tokens=8, completion_tokens=tokens, backend=backend,
+    )
+    return LevelRun(0.0, seconds, [record])
+
+
+def target_level(tokens: int, seconds: float, gap: float, backend: str | None = None) -> TargetLevel:
+    return TargetLevel(level_stats(run_of(tokens, seconds, gap, backend)), MONITOR)
+
+
+def envelope_results() -> list[LevelResult]:
+    # C=1: eagle 100 tok/s, plain 50, specgate 98 (on eagle); C=2: plain wins, specgate 90% of it.
+    return [
+        LevelResult(Level(concurrency=1), 1, {
+            "eagle": target_level(100, 1.0, 0.005),
+            "plain": target_level(50, 1.0, 0.010),
+            "specgate": target_level(98, 1.0, 0.0052, backend="eagle"),
+        }),
+        LevelResult(Level(concurrency=2), 2, {
+            "eagle": target_level(60, 1.0, 0.012),
+            "plain": target_level(100, 1.0, 0.008),
+            "specgate": target_level(90, 1.0, 0.0084, backend="plain"),
+        }),
+    ]
+
+
+SETTINGS = SweepSettings(levels=(Level(concurrency=1), Level(concurrency=2)), requests_per_level=RequestsPerLevel(1, True),
+                         input_len=8, output_len=100)
+TARGETS = [Target("eagle", "http://e"), Target("plain", "http://p"), Target("specgate", "http://s")]
+
+
+def test_envelope_ratios_and_bounds() -> None:
+    doc = build_document("envelope", envelope_results(), TARGETS, SETTINGS, "python -m loadtest envelope")
+    ok = add_ratios(doc, [Bound("throughput_ratio", ">=", 0.95), Bound("tpot_ratio", "<=", 1.05)])
+    first, second = doc["levels"]
+    assert first["throughput_ratio"] == pytest.approx(0.98)
+    assert second["throughput_ratio"] == pytest.approx(0.90)
+    assert first["tpot_ratio"] == pytest.approx(0.0052 / 0.005)
+    assert second["tpot_ratio"] == pytest.approx(0.0084 / 0.008)
+    assert not ok
+    tput, tpot = doc["envelope"]["checks"]
+    assert (tput["met"], tput["worst_at"]) == (False, 2) and tput["worst"] == pytest.approx(0.90)
+    assert tpot["met"] and tpot["worst"] == pytest.approx(1.05)
+    assert doc["levels"][0]["targets"]["specgate"]["backend_share"] == {"eagle": 1.0}
+
+
+def test_all_files_are_written_and_agree(tmp_path: Path) -> None:
+    doc = build_document("envelope", envelope_results(), TARGETS, SETTINGS, "python -m loadtest envelope")
+    add_ratios(doc, [Bound("throughput_ratio", ">=", 0.8)])
+    write_all(doc, tmp_path)
+    for name in ("results.json", "results.csv", "throughput.png", "latency.png", "report.md"):
+        assert (tmp_path / name).stat().st_size > 0
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["levels"][1]["targets"]["plain"]["output_tok_s"] == pytest.approx(100.0)
+    assert saved["health"]["ok"] and saved["health"]["worst_sim_step_lateness_ms"] == pytest.approx(0.3)
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert len(rows) == 6 and {r["target"] for r in rows} == {"eagle", "plain", "specgate"}
+    assert float(rows[0]["throughput_ratio"]) == pytest.approx(0.98)
+    report = (tmp_path / "report.md").read_text()
+    assert "![output throughput](throughput.png)" in report and "![TPOT and TTFT p50](latency.png)" in report
+    assert "throughput_ratio >= 0.8: met" in report
+    assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_health_flags_a_lagging_load_generator() -> None:
+    lagging = {**MONITOR, "loop_lag": {"p50_ms": 3.0, "p99_ms": 40.0, "max_ms": 90.0}}
+    results = [LevelResult(Level(concurrency=1), 1, {"a": TargetLevel(level_stats(run_of(10, 1.0, 0.01)), lagging)})]
+    doc = build_document("sweep", results, [Target("a", "http://a")], SETTINGS, "x")
+    assert not doc["health"]["ok"]
+    assert doc["health"]["flagged"] == ["a C=1: loop lag p99 40.0 ms"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "--target", "nourl", "--out", "x"], "NAME=URL"),
+        (["sweep", "--target", "a=http://x", "--concurrency", "1,0", "--out", "x"], "at least 1"),
+        (["sweep", "--target", "a=http://x", "--concurrency", "1", "--request-rate", "2", "--out", "x"], "not both"),
+        (["sweep", "--target", "a=http://x", "--request-rate", "2", "--requests-per-level", "2x", "--out", "x"], "absolute"),
+        (["sweep", "--target", "a=http://x", "--requests-per-level", "many", "--out", "x"], "positive integer"),
+        (["envelope", "--out", "x"], "exactly one of --profile"),
+        (["envelope", "--profile", "nope", "--out", "x"], "unknown profile"),
+        (["envelope", "--profile", "field-8gpu", "--time-scale", "-1", "--out", "x"], "positive"),
+        (["envelope", "--profile", "field-8gpu", "--policy-param", "oops", "--out", "x"], "KEY=VALUE"),
+    ],
+)
+def test_bad_command_lines_get_a_clear_error(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_sweep_against_nothing_fails_cleanly(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["sweep", "--target", "a=http://127.0.0.1:9", "--concurrency", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "cannot reach http://127.0.0.1:9/v1/models" in result.output

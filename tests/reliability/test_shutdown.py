@@ -1,0 +1,153 @@
+"""SIGTERM to `specgate serve` (embedded default: it starts its own simulated backends) under load.
+
+While draining, new requests get a 503 OpenAI error and /ready answers 503; requests in flight run
+to completion, bounded by `server.drain_timeout`; then the backends it started are stopped and no
+process it started is left in the process table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import orjson
+import psutil
+import pytest
+
+from tests.gatewayproc import GatewayProcess, start_gateway
+from tests.reliability.stack import Outcome, exchange, until
+
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
+
+IN_FLIGHT = 32
+OUTPUT_TOKENS = 64  # ~3 s on the plain sim at 32 running requests, time scale 1
+
+
+@asynccontextmanager
+async def serving(drain_timeout: float) -> AsyncIterator[tuple[GatewayProcess, aiohttp.ClientSession, str]]:
+    """`specgate serve` with its embedded backends, and a session; the process group is killed on exit."""
+    env = {
+        "SPECGATE_LAUNCH__TIME_SCALE": "1.0",
+        "SPECGATE_SERVER__DRAIN_TIMEOUT": str(drain_timeout),
+        "SPECGATE_HEALTH__READY_INTERVAL": "0.5",
+    }
+    gw = await asyncio.to_thread(start_gateway, env=env)
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
+    try:
+        async with session.get(gw.url + "/v1/models") as resp:
+            model = orjson.loads(await resp.read())["data"][0]["id"]
+        yield gw, session, model
+    finally:
+        await session.close()
+        await asyncio.to_thread(gw.kill_group)
+
+
+def _body(model: str, max_tokens: int) -> bytes:
+    return orjson.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens, "ignore_eos": True,
+         "stream": True, "stream_options": {"include_usage": True}}
+    )
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, object]]:
+    async with session.get(url) as resp:
+        return resp.status, orjson.loads(await resp.read())
+
+
+def _survivors(pids: list[int]) -> list[psutil.Process]:
+    alive = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _processes_serving(ports: list[str]) -> list[psutil.Process]:
+    """Every process in the table whose command line names one of the backends' ports."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or ())
+        if "backends.sim" in cmdline and any(f"--port {port}" in cmdline for port in ports):
+            found.append(proc)
+    return found
+
+
+async def _backend_ports(session: aiohttp.ClientSession, url: str) -> list[str]:
+    _, status = await _get(session, url + "/admin/status")
+    return [b["url"].rsplit(":", 1)[1] for b in status["backends"]]  # type: ignore[index,union-attr]
+
+
+async def test_sigterm_drains_in_flight_requests_then_stops_everything(record_property: pytest.RecordProperty) -> None:
+    async with serving(drain_timeout=30) as (gw, session, model):
+        children = [p.pid for p in gw.descendants()]
+        ports = await _backend_ports(session, gw.url)
+        assert len(children) >= 2 and len(_processes_serving(ports)) >= 2
+        url = gw.url + "/v1/chat/completions"
+        flights = [asyncio.create_task(exchange(session, url, _body(model, OUTPUT_TOKENS))) for _ in range(IN_FLIGHT)]
+        await until(lambda: _all_inflight(session, gw.url), 20, f"{IN_FLIGHT} requests in flight")
+
+        signalled_at = time.monotonic()
+        gw.proc.send_signal(signal.SIGTERM)
+        await until(lambda: _ready_is(session, gw.url, 503), 5, "/ready turns 503")
+        refused = await exchange(session, url, _body(model, 4))
+        outcomes: list[Outcome] = await asyncio.gather(*flights)
+        code = await asyncio.to_thread(gw.proc.wait, 60)
+        stopped_after = time.monotonic() - signalled_at
+        survivors = _survivors(children)
+        serving_ports = _processes_serving(ports)
+
+    record_property("in_flight_at_sigterm", IN_FLIGHT)
+    record_property("in_flight_completed", sum(1 for o in outcomes if o.completed))
+    record_property("exit_after_sigterm_s", round(stopped_after, 2))
+    record_property("orphans", len(survivors) + len(serving_ports))
+
+    assert refused.status == 503 and refused.error is not None and refused.error["code"] == "shutting_down", refused
+    assert all(o.completed and o.completion_tokens == OUTPUT_TOKENS for o in outcomes), [o for o in outcomes if not o.completed][:2]
+    assert all(o.ended_at < signalled_at + stopped_after for o in outcomes)  # type: ignore[operator]
+    assert code == 0, gw.text()[-2000:]
+    assert not survivors, f"left running: {survivors}"
+    assert not serving_ports, f"still serving the backends' ports: {serving_ports}"
+
+
+async def test_drain_is_bounded_by_the_drain_timeout(record_property: pytest.RecordProperty) -> None:
+    drain_timeout = 2.0
+    async with serving(drain_timeout=drain_timeout) as (gw, session, model):
+        children = [p.pid for p in gw.descendants()]
+        url = gw.url + "/v1/chat/completions"
+        endless = asyncio.create_task(exchange(session, url, _body(model, 100_000)))
+        await until(lambda: _all_inflight(session, gw.url, 1), 20, "the long request in flight")
+
+        signalled_at = time.monotonic()
+        gw.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(gw.proc.wait, 60)
+        stopped_after = time.monotonic() - signalled_at
+        outcome = await asyncio.wait_for(endless, 10)
+        survivors = _survivors(children)
+
+    record_property("drain_timeout_s", drain_timeout)
+    record_property("exit_after_sigterm_s", round(stopped_after, 2))
+    assert code == 0, gw.text()[-2000:]
+    # It waited for the request about the drain timeout, not for the request's ~80 minutes.
+    assert drain_timeout <= stopped_after < drain_timeout + 15
+    assert not outcome.completed and outcome.ended_at - signalled_at < stopped_after + 1, outcome  # type: ignore[operator]
+    assert outcome.clean_error and outcome.error["code"] == "shutting_down", outcome  # type: ignore[index]
+    assert not survivors
+
+
+async def _all_inflight(session: aiohttp.ClientSession, url: str, count: int = IN_FLIGHT) -> bool:
+    _, status = await _get(session, url + "/admin/status")
+    return status["inflight"] == count
+
+
+async def _ready_is(session: aiohttp.ClientSession, url: str, code: int) -> bool:
+    status, _ = await _get(session, url + "/ready")
+    return status == code
+

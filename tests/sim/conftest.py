@@ -1,0 +1,58 @@
+"""Fixtures for the simulator's tests: sims run as child processes, as the gateway runs them."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# pytest puts only this folder on sys.path; the repo root makes `tests.simproc` importable.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from tests.simproc import SimFactory, SimHandle
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "simtiming: measures the simulator's timing against its model (about 20 s; run alone for stable numbers)",
+    )
+
+
+@pytest.fixture
+def sims() -> Iterator[SimFactory]:
+    """Start sims inside one test; all are stopped at its end."""
+    factory = SimFactory()
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="module")
+def module_sims() -> Iterator[SimFactory]:
+    """Sims shared by the tests of one module."""
+    factory = SimFactory()
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="module")
+def eagle(module_sims: SimFactory) -> SimHandle:
+    """An EAGLE sim, 10x fast, with metrics and the test-only routes."""
+    return module_sims.start(
+        "--role",
+        "eagle",
+        "--time-scale",
+        "0.1",
+        "--enable-metrics",
+        "--enable-test-endpoints",
+        "--extra-metric-labels",
+        '{"pool":"spec"}',
+    )

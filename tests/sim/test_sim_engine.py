@@ -1,0 +1,201 @@
+"""The continuous-batching engine in process: admission, KV reservation, aborts, stops, the timeline."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from backends.sim.engine import Engine, RequestError, SimRequest
+from backends.sim.profiles import RoleProfile
+from backends.sim.steps import StepModel
+from backends.sim.timeline import Timeline
+from backends.sim.tokenizer import PseudoText
+
+_ids = itertools.count()
+
+
+def table(**overrides: Any) -> RoleProfile:
+    values: dict[str, Any] = {
+        "t0_ms": 2.0,
+        "per_request_ms": 0.0,
+        "tau": 1.0,
+        "num_draft_tokens": 1,
+        "max_running_requests": 8,
+        "prefill_ms_per_token": 0.0,
+        "max_total_tokens": 100000,
+    }
+    return RoleProfile(**{**values, **overrides})
+
+
+def request(prompt: int = 10, max_new: int = 5, **extra: Any) -> SimRequest:
+    return SimRequest(
+        rid=f"r{next(_ids)}", prompt_tokens=prompt, max_new_tokens=max_new, is_streaming=True, text_start=0, **extra
+    )
+
+
+EngineMaker = Callable[..., Engine]
+
+
+@pytest.fixture
+async def make_engine() -> AsyncIterator[EngineMaker]:
+    tasks: list[asyncio.Task[None]] = []
+
+    def make(timeline: Timeline | None = None, max_prefill_tokens: int = 16384, **overrides: Any) -> Engine:
+        t = table(**overrides)
+        engine = Engine(
+            t,
+            StepModel(t, seed=0),
+            timeline or Timeline(),
+            PseudoText(0),
+            time_scale=1.0,
+            max_prefill_tokens=max_prefill_tokens,
+        )
+        tasks.append(asyncio.create_task(engine.run()))
+        return engine
+
+    yield make
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def finished(req: SimRequest, timeout: float = 5.0) -> None:
+    async def wait() -> None:
+        while not req.done:
+            await req.event.wait()
+            req.event.clear()
+
+    await asyncio.wait_for(wait(), timeout)
+
+
+def test_draws_have_mean_tau_within_range() -> None:
+    model = StepModel(table(tau=2.9, num_draft_tokens=4), seed=1)
+    draws = model.draw(batch=1, decoding=20000)
+    assert draws is not None and set(draws) <= {1, 2, 3, 4}
+    assert sum(draws) / len(draws) == pytest.approx(2.9, rel=0.02)
+    assert StepModel(table(), seed=1).draw(batch=4, decoding=4) is None
+
+
+async def test_running_cap_queues_the_rest(make_engine: EngineMaker) -> None:
+    engine = make_engine(max_running_requests=2, t0_ms=20.0)
+    reqs = [request(max_new=50) for _ in range(3)]
+    for r in reqs:
+        engine.submit(r)
+    await asyncio.sleep(0.05)
+    assert [r.state for r in reqs] == ["running", "running", "waiting"]
+    assert len(engine.waiting) == 1
+
+
+async def test_kv_reservation_makes_requests_queue_until_freed(make_engine: EngineMaker) -> None:
+    engine = make_engine(max_total_tokens=100)
+    first, second = request(prompt=10, max_new=50), request(prompt=10, max_new=50)
+    engine.submit(first)
+    engine.submit(second)
+    await asyncio.sleep(0.01)
+    assert first.state == "running" and second.state == "waiting" and engine.kv_reserved == 60
+    await finished(first)
+    await finished(second)
+    assert second.produced == 50 and engine.kv_reserved == 0
+
+
+async def test_a_request_that_can_never_fit_is_refused(make_engine: EngineMaker) -> None:
+    engine = make_engine(max_total_tokens=100)
+    with pytest.raises(RequestError, match="KV cache capacity of 100 tokens"):
+        engine.submit(request(prompt=60, max_new=41))
+    assert not engine.live
+
+
+async def test_abort_frees_the_slot_and_kv_at_once(make_engine: EngineMaker) -> None:
+    engine = make_engine(max_running_requests=1, t0_ms=20.0)
+    running, queued = request(max_new=1000), request(max_new=3)
+    engine.submit(running)
+    engine.submit(queued)
+    await asyncio.sleep(0.05)
+    assert engine.abort(running)
+    assert running.state == "aborted" and running.finish_reason == "abort"
+    assert not engine.running and engine.kv_reserved == 0 and engine.num_aborted == 1
+    assert not engine.abort(running)  # already gone
+    await finished(queued)
+    assert queued.finish_reason == "length"
+
+
+async def test_abort_of_a_queued_request(make_engine: EngineMaker) -> None:
+    engine = make_engine(max_running_requests=1, t0_ms=20.0)
+    engine.submit(request(max_new=1000))
+    queued = request()
+    engine.submit(queued)
+    await asyncio.sleep(0.01)
+    assert queued.state == "waiting"
+    assert engine.abort(queued) and not engine.waiting and queued.state == "aborted"
+
+
+async def test_prefill_budget_spreads_joins_over_steps(make_engine: EngineMaker) -> None:
+    engine = make_engine(max_prefill_tokens=100, t0_ms=30.0)
+    reqs = [request(prompt=60, max_new=100) for _ in range(3)]
+    for r in reqs:
+        engine.submit(r)
+    await reqs[0].event.wait()  # end of the first step; the second has just joined the next one
+    assert [r.produced for r in reqs] == [1, 0, 0]
+    assert [r.state for r in reqs] == ["running", "running", "waiting"]
+
+
+async def test_stop_string_cuts_the_text(make_engine: EngineMaker) -> None:
+    engine = make_engine()
+    text = engine.text.text(0, 0, 40)
+    stop = text.split(" ")[8]  # a word some way in (index 0 is the empty string before the first space)
+    req = request(max_new=40, stop=(" " + stop,))
+    engine.submit(req)
+    await finished(req)
+    assert req.finish_reason == "stop" and req.matched_stop == " " + stop
+    assert req.text_limit == text.index(" " + stop)
+    assert req.produced < 40
+
+
+async def test_natural_stop_reports_eos(make_engine: EngineMaker) -> None:
+    engine = make_engine()
+    req = request(max_new=4, natural_stop=2)
+    engine.submit(req)
+    await finished(req)
+    assert (req.finish_reason, req.matched_stop, req.produced) == ("stop", 2, 4)
+
+
+async def test_absolute_deadlines_keep_sub_millisecond_steps_on_time(make_engine: EngineMaker) -> None:
+    engine = make_engine(t0_ms=0.25)  # shorter than the event loop's timer resolution
+    req = request(max_new=2000)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    engine.submit(req)
+    await finished(req)
+    elapsed = loop.time() - start
+    assert elapsed == pytest.approx(2000 * 0.00025, rel=0.15)
+
+
+async def test_engines_sharing_a_timeline_take_turns(make_engine: EngineMaker) -> None:
+    alone = make_engine(t0_ms=4.0)
+    shared = Timeline()
+    a, b = make_engine(timeline=shared, t0_ms=4.0), make_engine(timeline=shared, t0_ms=4.0)
+    for engine in (alone, a, b):
+        engine.submit(request(max_new=90000))
+    await asyncio.sleep(0.4)
+    assert a.num_steps + b.num_steps == pytest.approx(alone.num_steps, rel=0.2)
+    assert a.num_steps == pytest.approx(b.num_steps, rel=0.2)  # the lock is fair
+
+
+async def test_freeze_stalls_and_thaw_resumes(make_engine: EngineMaker) -> None:
+    engine = make_engine()
+    req = request(max_new=10000)
+    engine.submit(req)
+    await asyncio.sleep(0.02)
+    engine.freeze()
+    await asyncio.sleep(0.01)
+    produced = req.produced
+    probe = asyncio.create_task(engine.next_step())
+    await asyncio.sleep(0.05)
+    assert req.produced == produced and not probe.done()
+    engine.thaw()
+    await asyncio.wait_for(probe, 1.0)
+    assert req.produced > produced

@@ -1,0 +1,42 @@
+"""The tokenizer approximation and the pseudo-text's guarantees."""
+
+from __future__ import annotations
+
+import random
+
+from backends.sim.tokenizer import (
+    CHAT_REPLY_PRIMER_TOKENS,
+    CHAT_TOKENS_PER_MESSAGE,
+    PseudoText,
+    count_chat_tokens,
+    count_tokens,
+)
+
+
+def test_count_rule() -> None:
+    assert count_tokens("") == 0
+    assert count_tokens("the cat sat") == 3
+    assert count_tokens("tokenizer") == 3  # 9 characters: 1 + 2 further groups of 4
+    assert count_tokens("  spaced\n\tout  ") == 1 + 1 + 1
+
+
+def test_chat_overhead() -> None:
+    assert count_chat_tokens(["hi you", ""]) == CHAT_REPLY_PRIMER_TOKENS + 2 * CHAT_TOKENS_PER_MESSAGE + 2
+
+
+def test_pseudo_text_is_deterministic_and_retokenizes_exactly() -> None:
+    a, b = PseudoText(seed=7), PseudoText(seed=7)
+    start = a.start_for("some prompt")
+    assert start == b.start_for("some prompt")
+    assert a.text(start, 0, 50) == b.text(start, 0, 50)
+    assert PseudoText(seed=8).text(start, 0, 50) != a.text(start, 0, 50)
+    rng = random.Random(3)
+    for _ in range(100):
+        first, count = rng.randint(0, 20000), rng.randint(0, 20000)
+        assert count_tokens(a.text(start, first, count)) == count
+
+
+def test_pseudo_text_chunks_concatenate() -> None:
+    text = PseudoText(seed=0)
+    whole = text.text(5, 0, 30)
+    assert text.text(5, 0, 10) + text.text(5, 10, 3) + text.text(5, 13, 17) == whole
