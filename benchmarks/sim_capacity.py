@@ -20,10 +20,7 @@ chunks arrive, and the mean slip per step stays under 10% of the modelled step t
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +35,7 @@ import psutil
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
+from sim_launch import start_sim_process, stop_sim
 
 from backends.sim.profiles import Profile, Role, load_profile
 from backends.sim.tokenizer import count_chat_tokens
@@ -89,51 +87,9 @@ def steps_per_request(profile: Profile, role: Role, batch: int, output_tokens: i
     return 1 + (output_tokens - 1) / profile.role(role).tokens_per_step(batch)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_sim(scenario: Scenario, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "backends.sim",
-        "--role",
-        scenario.role,
-        "--port",
-        str(port),
-        "--profile",
-        scenario.profile,
-    ]
-    argv += ["--time-scale", str(scenario.time_scale), "--enable-metrics"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                break
-        time.sleep(0.05)
-    stop_sim(proc)
-    raise RuntimeError(f"sim did not come up:\n{log.read_text()}")
-
-
-def stop_sim(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    args = ["--role", scenario.role, "--profile", scenario.profile, "--time-scale", str(scenario.time_scale)]
+    return start_sim_process([*args, "--enable-metrics"], log)
 
 
 def read_slip(url: str) -> tuple[float, float]:

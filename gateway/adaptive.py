@@ -71,7 +71,7 @@ class AdaptivePolicy(Policy):
         eagle_cap: int = 128,
         *,
         slo_tpot: float | None = None,
-        probe_every: int = 50,
+        probe_every: int = 200,
         colocated: bool = False,
         estimator: EstimatorConfig | None = None,
     ) -> None:

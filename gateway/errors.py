@@ -29,6 +29,10 @@ _TYPES = {
 }
 
 
+# Codes that must not depend on the Python version's HTTP phrase (413's changed in 3.13).
+_HTTP_CODES = {413: "request_too_large"}
+
+
 class OpenAIError(Exception):
     """An error to send to the client as OpenAI's error JSON."""
 
@@ -118,9 +122,10 @@ def install_error_handlers(app: FastAPI) -> None:
         status = exc.status_code
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "error"
         message = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else phrase
+        code = _HTTP_CODES.get(status, phrase.lower().replace(" ", "_"))
         if status == 404:
             message = f"no route for {request.method} {request.url.path}"
-        return OpenAIError(status, message, code=phrase.lower().replace(" ", "_"), headers=exc.headers).to_response()
+        return OpenAIError(status, message, code=code, headers=exc.headers).to_response()
 
     async def on_openai(request: Request, exc: OpenAIError) -> Response:
         return exc.to_response()

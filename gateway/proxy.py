@@ -82,6 +82,8 @@ class ProxyResponse(Response):
         try:
             await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
             interrupted = work.cancelled()  # only the runtime cancels it from outside: shutdown
+            if not work.done():
+                self._status = _CLIENT_GONE  # even after a 200 header: the client did not get it all
         finally:
             gone.cancel()
             work.cancel()  # no-op when finished; otherwise the client left or the server is stopping

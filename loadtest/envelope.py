@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,7 @@ class Envelope:
 
     async def run(self, command: str) -> tuple[list[LevelResult], dict[str, Any]]:
         """Run the envelope; returns the level results and what the stack looked like."""
+        began = time.monotonic()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         config = gateway_config(self.stack, self.ports)
         self.config_path.write_text(tomli_w.dumps(config))
@@ -191,7 +193,7 @@ class Envelope:
         finally:
             for child in reversed(children):
                 await child.stop()
-        return results, {"config": config, "gateway_status": status}
+        return results, {"config": config, "gateway_status": status, "run_seconds": time.monotonic() - began}
 
     async def _wait_ready(self, gateway: Child, others: list[Child]) -> dict[str, Any]:
         p = self.ports

@@ -53,16 +53,37 @@ def parse_time_scale(text: str) -> float | None:
     return value
 
 
-async def _run_cancellable(envelope: Envelope, command: str) -> tuple[Any, Any]:
-    # SIGTERM ends the run like Ctrl-C does: the task is cancelled and the stack stopped in `finally`.
+class Interrupted(Exception):
+    """The run was stopped by a signal (after the stack it started was stopped)."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        super().__init__(f"interrupted by {sig.name}; stopped everything it had started")
+        self.exit_code = 128 + int(sig)
+
+
+async def _run_until_signal(envelope: Envelope, command: str) -> tuple[Any, Any]:
+    # SIGINT and SIGTERM cancel the run; `Envelope.run` stops the stack in its `finally`. Handling
+    # SIGINT here too covers shells that start background jobs with SIGINT ignored.
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    received: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        received.append(sig)
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop, sig)
     try:
         return await envelope.run(command)
+    except asyncio.CancelledError:
+        if received:
+            raise Interrupted(received[0]) from None
+        raise
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 @click.command()
@@ -124,7 +145,7 @@ def envelope(
         raise bad_parameter("--time-scale", exc) from None
     try:
         model = profile_for(profile, profile_file)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
     if fixed_scale is None:
         scale, note = auto_time_scale(model, [lv.concurrency or 1 for lv in levels])
@@ -148,7 +169,10 @@ def envelope(
     with progress_for(console) as progress:
         runner = Envelope(stack, settings, out_dir, progress)
         try:
-            results, stack_info = uvloop.run(_run_cancellable(runner, command))
+            results, stack_info = uvloop.run(_run_until_signal(runner, command))
+        except Interrupted as exc:
+            console.print(str(exc))
+            raise SystemExit(exc.exit_code) from None
         except (RuntimeError, TimeoutError) as exc:
             raise click.ClickException(str(exc)) from None
     doc, ok = envelope_document(results, runner, stack_info, command, bounds, note)

@@ -19,9 +19,13 @@ def bad_parameter(param: str, exc: ValueError) -> click.BadParameter:
 def parse_targets(values: tuple[str, ...]) -> list[Target]:
     """`--target NAME=URL` values as targets (click error on bad input)."""
     try:
-        return [Target.parse(v) for v in values]
+        targets = [Target.parse(v) for v in values]
     except ValueError as exc:
         raise bad_parameter("--target", exc) from None
+    names = [t.name for t in targets]
+    if len(set(names)) != len(names):
+        raise click.BadParameter(f"target names must be unique, got {names}", param_hint="--target")
+    return targets
 
 
 def parse_requests(value: str, minimum: int = 0) -> RequestsPerLevel:

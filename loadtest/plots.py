@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLocator
 
 _PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
 
@@ -81,8 +81,9 @@ def plot_latency(doc: dict[str, Any], path: Path) -> None:
         ax.set_title(title)
         if drawn:
             ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(_PLAIN)
-            ax.yaxis.set_minor_formatter(_PLAIN)
+            # Plain numbers; minor ticks labelled only where the axis spans few decades.
+            ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+            ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.6)))
             ax.legend()
         else:  # e.g. TPOT of a non-streamed sweep
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)

@@ -9,6 +9,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -65,7 +66,7 @@ class RichProgress:
             console=console,
             transient=False,
         )
-        self._task: int | None = None
+        self._task: TaskID | None = None
         self._errors = 0
 
     def __enter__(self) -> Self:

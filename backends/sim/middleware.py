@@ -64,7 +64,7 @@ class HttpMetricsMiddleware:
         self.metrics.http_requests.labels(*labels).inc()
         active = self.metrics.http_active.labels(*labels)
         active.inc()
-        status = 500
+        status: int | None = None  # stays None when the client left before any response
 
         async def send_with_status(message: Message) -> None:
             nonlocal status
@@ -76,7 +76,8 @@ class HttpMetricsMiddleware:
             await self.app(scope, receive, send_with_status)
         finally:
             active.dec()
-            self.metrics.http_responses.labels(*labels, str(status)).inc()
+            if status is not None:
+                self.metrics.http_responses.labels(*labels, str(status)).inc()
 
 
 class HangMiddleware:

@@ -101,6 +101,9 @@ def test_client_dropping_a_stream_after_the_first_chunk_aborts_upstream(rig: Rig
     stream.close()
     eventually(lambda: rig.inflight() == 0, 1.0, "gateway in-flight back to 0")
     eventually(lambda: rig.sim_request(backend, rid)["state"] == "aborted", 1.0, "sim aborted the request")  # type: ignore[index]
+    metrics = httpx.get(rig.gw.url + "/metrics").text
+    name = raw.headers["x-specgate-backend"]
+    assert f'specgate_requests_total{{backend="{name}",endpoint="chat",status="499"}} 1.0' in metrics
 
 
 def test_client_leaving_before_the_first_token_aborts_upstream(rig: Rig) -> None:

@@ -124,15 +124,20 @@ def test_short_envelope_run_has_the_contract_shape_and_leaves_nothing_running(tm
     assert _processes_mentioning(ports) == []
 
 
-def test_envelope_exits_nonzero_when_a_bound_is_not_met(tmp_path: Path) -> None:
+def test_colocated_envelope_adds_the_adaptive_server_and_exits_nonzero_when_a_bound_fails(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [
-        "envelope", "--profile", "field-8gpu", "--concurrency", "1", "--time-scale", "0.3",
+        "envelope", "--profile", "field-8gpu", "--topology", "colocated", "--concurrency", "1", "--time-scale", "0.3",
         "--requests-per-level", "2", "--min-requests-per-level", "0", "--output-len", "8", "--input-len", "8",
         "--warmup", "0", "--min-throughput-ratio", "50", "--out", str(tmp_path),
     ])
     assert result.exit_code == 1
     assert "throughput_ratio >= 50.0: NOT MET" in result.output
-    assert json.loads((tmp_path / "results.json").read_text())["envelope"]["all_met"] is False
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["envelope"]["all_met"] is False
+    assert set(doc["levels"][0]["targets"]) == {"eagle", "plain", "specgate", "adaptive"}
+    assert doc["levels"][0]["targets"]["adaptive"]["completed"] == 2
+    ports = [int(url.rsplit(":", 1)[1]) for url in doc["targets"].values()]
+    assert _processes_mentioning(ports) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -141,36 +146,43 @@ def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Pa
             "--requests-per-level", "10000", "--output-len", "64", "--input-len", "8", "--time-scale", "1",
             "--warmup", "0", "--out", str(tmp_path)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    ports: list[int] = []
+    config = tmp_path / "specgate.toml"
     try:
-        ports = _wait_for_traffic(tmp_path / "specgate.toml", proc)
+        _wait_for_traffic(config, proc)
         proc.send_signal(sig)  # to the load generator alone, as a terminal or a job runner would
-        assert proc.wait(60) != 0
-        deadline = time.monotonic() + 10
-        while _processes_mentioning(ports) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _processes_mentioning(ports) == []
+        assert proc.wait(60) == 128 + int(sig)
+        assert _processes_mentioning(_ports(config)) == []
     finally:
-        for leftover in _processes_mentioning(ports):
+        if proc.poll() is None:  # let it clean up as designed before forcing anything
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for leftover in _processes_mentioning(_ports(config)):
             leftover.kill()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
-def _wait_for_traffic(config: Path, proc: subprocess.Popen[bytes]) -> list[int]:
-    """Ports of the stack once the gateway has served a request (the sweep is under way)."""
+def _ports(config: Path) -> list[int]:
+    if not config.exists():
+        return []
+    cfg = tomllib.loads(config.read_text())
+    return [cfg["server"]["port"], cfg["launch"]["eagle"]["port"], cfg["launch"]["plain"]["port"]]
+
+
+def _wait_for_traffic(config: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Return once the sweep is under way: the EAGLE server (swept first) is decoding requests."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
-        if config.exists():
-            cfg = tomllib.loads(config.read_text())
-            ports = [cfg["server"]["port"], cfg["launch"]["eagle"]["port"], cfg["launch"]["plain"]["port"]]
+        ports = _ports(config)
+        if ports:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/admin/status", timeout=2) as resp:
-                    status = json.loads(resp.read())
-                if sum(b["requests_served"] + b["inflight"] for b in status["backends"]) > 0:
-                    return ports
-            except OSError:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/v1/loads", timeout=2) as resp:
+                    loads = json.loads(resp.read())["loads"]
+                if sum(entry["num_running_reqs"] for entry in loads) > 0:
+                    return
+            except (OSError, ValueError, KeyError):
                 pass
         time.sleep(0.2)
     raise AssertionError("the envelope never started sending requests")

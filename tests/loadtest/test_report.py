@@ -110,6 +110,7 @@ def test_health_flags_a_lagging_load_generator() -> None:
     ("args", "message"),
     [
         (["sweep", "--target", "nourl", "--out", "x"], "NAME=URL"),
+        (["sweep", "--target", "a=http://x", "--target", "a=http://y", "--out", "x"], "unique"),
         (["sweep", "--target", "a=http://x", "--concurrency", "1,0", "--out", "x"], "at least 1"),
         (["sweep", "--target", "a=http://x", "--concurrency", "1", "--request-rate", "2", "--out", "x"], "not both"),
         (["sweep", "--target", "a=http://x", "--request-rate", "2", "--requests-per-level", "2x", "--out", "x"], "absolute"),

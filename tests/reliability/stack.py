@@ -10,6 +10,7 @@ the sims run with their test-only routes. Everything started is stopped on exit,
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -48,9 +49,7 @@ class Outcome:
     sent_at: float
     status: int | None = None
     backend: str | None = None
-    request_id: str | None = None
     headers_at: float | None = None
-    first_event_at: float | None = None
     ended_at: float | None = None
     events: int = 0
     done: bool = False  # saw `data: [DONE]`
@@ -95,7 +94,6 @@ async def exchange(
                 out.headers_at = time.monotonic()
                 out.status = resp.status
                 out.backend = resp.headers.get("x-specgate-backend")
-                out.request_id = resp.headers.get("x-request-id")
                 if resp.content_type == "text/event-stream":
                     await _read_events(resp, out)
                 else:
@@ -115,8 +113,6 @@ async def _read_events(resp: aiohttp.ClientResponse, out: Outcome) -> None:
         if data is None:
             continue
         out.events += 1
-        if out.first_event_at is None:
-            out.first_event_at = time.monotonic()
         if out.error is not None:
             out.events_after_error.append(data)
         if data == b"[DONE]":
@@ -241,7 +237,6 @@ async def running_stack(
     *,
     time_scale: float,
     gateway: dict[str, dict[str, Any]] | None = None,
-    sim_args: tuple[str, ...] = (),
     backend_key: str | None = None,
     client_key: str | None = None,
     admin_key: str | None = None,
@@ -252,7 +247,7 @@ async def running_stack(
     `backend_key` is the sims' `--api-key` (and the gateway's key for them); `client_key` and
     `admin_key` are what the stack's own helper calls send when the gateway requires keys.
     """
-    args = (*SIM_ARGS, "--time-scale", str(time_scale), *sim_args, *(("--api-key", backend_key) if backend_key else ()))
+    args = (*SIM_ARGS, "--time-scale", str(time_scale), *(("--api-key", backend_key) if backend_key else ()))
     eagle = await asyncio.to_thread(sims.start, "--role", "eagle", *args)
     plain = await asyncio.to_thread(sims.start, "--role", "plain", *args)
     backends = [
@@ -295,7 +290,7 @@ async def closed_loop(
 ) -> None:
     """`concurrency` workers each send `body(i)` back to back until `stop` is set, appending to `outcomes`."""
     url = stack.url + "/v1/chat/completions"
-    counter = iter(range(1 << 62))
+    counter = itertools.count()
 
     async def worker() -> None:
         while not stop.is_set():

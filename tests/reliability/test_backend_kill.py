@@ -34,7 +34,7 @@ async def _state(stack: Stack, backend: str) -> str:
     return str((await stack.status())[backend]["state"])
 
 
-async def _ended_after(outcomes: list[Outcome], moment: float, count: int) -> bool:
+async def _sent_after(outcomes: list[Outcome], moment: float, count: int) -> bool:
     return sum(1 for o in outcomes if o.sent_at > moment) >= count
 
 
@@ -58,7 +58,7 @@ async def test_killing_a_backend_under_load_fails_only_streams_already_started(
             await until(lambda: _is(stack, "eagle", "down"), 5, "the gateway marks eagle down")
             down_after = time.monotonic() - killed_at
             # Two rounds of the closed loop on plain alone.
-            await until(lambda: _ended_after(outcomes, killed_at, 2 * CONCURRENCY), 60, "load carries on on plain")
+            await until(lambda: _sent_after(outcomes, killed_at, 2 * CONCURRENCY), 60, "load carries on on plain")
 
             await stack.restart("eagle")
             ready_at = time.monotonic()

@@ -114,7 +114,7 @@ async def test_a_thousand_clients_leaving_at_random_points_abort_upstream(
     record_property("upstream_requests", len(records))
     record_property("upstream_aborted", states["aborted"])
     record_property("upstream_finished", states["finished"])
-    record_property("inflight_after", sum(inflight.values()))
+    record_property("inflight_after", int(sum(inflight.values())))
 
     assert inflight == {"eagle": 0.0, "plain": 0.0}
     assert states == {"aborted": len(records)}, states

@@ -13,7 +13,14 @@ import time
 import openai
 import pytest
 
-from tests.reliability.stack import Outcome, Stack, closed_loop, exchange, running_stack, until
+from tests.reliability.stack import (
+    Outcome,
+    Stack,
+    closed_loop,
+    exchange,
+    running_stack,
+    until,
+)
 from tests.simproc import SimFactory
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]

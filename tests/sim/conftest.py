@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-# pytest puts only this folder on sys.path; the repo root makes `tests.simproc` importable.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
 from tests.simproc import SimFactory, SimHandle
 
