@@ -124,7 +124,13 @@ def _sim_processes(launch: LaunchConfig, servers: dict[str, ResolvedServer]) -> 
             "--plain-port",
             str(plain.port),
         )
-        argv = (*_sim_argv(launch, placement), *eagle.extra_args, *plain.extra_args)
+        limits = tuple(
+            arg
+            for server in (eagle, plain)
+            if server.max_running_requests
+            for arg in (f"--{server.role}-max-running-requests", str(server.max_running_requests))
+        )
+        argv = (*_sim_argv(launch, placement), *limits, *eagle.extra_args, *plain.extra_args)
         env = {**eagle.env, **plain.env}
         return (ProcessSpec(name=COLOCATED, argv=argv, env=env, endpoints=(endpoints[EAGLE], endpoints[PLAIN])),)
     processes = []

@@ -33,7 +33,7 @@ Servers = dict[str, ResolvedServer]
 
 def check_launch(launch: LaunchConfig, servers: Servers, *, eagle_cap: int) -> list[str]:
     """Every warning for this launch configuration, most important first."""
-    checks: list[Callable[[LaunchConfig, Servers, int], Iterator[str]]] = [_ports, _sim_files]
+    checks: list[Callable[[LaunchConfig, Servers, int], Iterator[str]]] = [_ports]
     if launch.engine == "sglang":
         checks = [_model, _speculative, _gpus, _parallel, _memory, _eagle_limits, _extra_args, *checks]
     return [w for check in checks for w in check(launch, servers, eagle_cap)]
@@ -147,8 +147,3 @@ def _ports(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[s
         yield f"launch.eagle and launch.plain both use {eagle.url}: give them different ports"
     if launch.engine == "sim" and launch.topology == COLOCATED and eagle.host != plain.host:
         yield (f"the colocated simulator is one process on one host: it serves both on {eagle.host}, not {plain.host}")
-
-
-def _sim_files(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
-    if launch.engine == "sim" and launch.profile_file is not None and not launch.profile_file.is_file():
-        yield f"launch.profile_file {launch.profile_file} does not exist"

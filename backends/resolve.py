@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.config import LaunchConfig
+from backends.sim.profiles import ProfileError, load_profile
 
 EAGLE = "eagle"
 PLAIN = "plain"
@@ -89,11 +90,14 @@ def resolve_servers(
         gpus = tuple(cfg.gpus) if cfg.gpus or not colocated else shared_gpus
         max_running = cfg.max_running_requests
         graph_bs = cfg.cuda_graph_max_bs_decode
-        # Only the real EAGLE server gets derived limits; the simulator's calibrated profile
-        # already holds the capacity it models, so it gets them only when set explicitly.
         if role == EAGLE and launch.engine == "sglang":
             max_running = max_running or running_limit
             graph_bs = graph_bs or max_running
+        elif role == EAGLE and max_running is None:
+            # The simulator's calibrated profile holds the capacity it models, but it must still
+            # run every request the policy sends it: a capped server would queue them, and its
+            # TPOT (from the first token) would hide that wait from the policy and the load test.
+            max_running = max(_profile_cap(launch), eagle_cap)
         servers[role] = ResolvedServer(
             role=role,
             gpus=gpus,
@@ -108,6 +112,14 @@ def resolve_servers(
             env=dict(cfg.env),
         )
     return servers
+
+
+def _profile_cap(launch: LaunchConfig) -> int:
+    try:
+        profile = load_profile(launch.profile, launch.profile_file)
+    except ProfileError as exc:
+        raise PlanError(f"launch.profile: {exc}") from exc
+    return profile.eagle.max_running_requests
 
 
 def _colocated_shares(launch: LaunchConfig) -> dict[str, float | None]:

@@ -129,11 +129,11 @@ def choose_cost() -> tuple[float, float]:
     snapshots = [views(n) for n in range(1000)]
     for n in range(400):
         policy.choose(snapshots[n])
-        policy.observe(Completion("eagle", 129, 0.01, 0.6, 1 + n % 30))
-        policy.observe(Completion("plain", 129, 0.01, 0.7, 1 + n % 60))
+        policy.observe(Completion("eagle", 129, 0.01, 0.6, 1 + n % 30, 40.0))
+        policy.observe(Completion("plain", 129, 0.01, 0.7, 1 + n % 60, 40.0))
     calls = 200_000
     choose = min(timeit.repeat(lambda: [policy.choose(s) for s in snapshots], number=calls // 1000, repeat=3))
-    done = Completion("eagle", 129, 0.01, 0.6, 12.5)
+    done = Completion("eagle", 129, 0.01, 0.6, 12.5, 40.0)
     observe = min(timeit.repeat(lambda: policy.observe(done), number=calls, repeat=3))
     return choose / calls * 1e6, observe / calls * 1e6
 

@@ -2,7 +2,7 @@
 
 One stamping SSE source (benchmarks/sse_source.py) serves as both backends; the same load is sent
 to it directly and through `specgate serve`, in alternating rounds within one run. Non-streaming:
-request latency p50/p99, gateway minus direct. Streaming: per-chunk delivery latency (arrival minus
+request transit p50/p99 (stamped, see `_non_stream`), gateway minus direct. Streaming: per-chunk delivery latency (arrival minus
 the sender's CLOCK_MONOTONIC stamp, comparable across processes), gateway minus direct. Source,
 gateway and this client are three processes sharing the machine's 2 cores.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import re
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import psutil
 import uvloop
 
 
@@ -39,20 +41,26 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _non_stream(session: aiohttp.ClientSession, url: str, concurrency: int, requests: int) -> list[float]:
-    # 10 tokens at the source's step: requests last about as long as short real generations.
-    body = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10})
+    """Transit time of each request: client to source plus response to client, both stamped with
+    the shared monotonic clock, so the source's modelled wait for its tokens (and its timer jitter,
+    which is larger than the gateway's hop) is not part of it."""
     latencies: list[float] = []
     remaining = requests
+    # 5..15 tokens: real completions end at different times; identical ones would all finish in
+    # the same instant and arrive back as one burst of `concurrency` requests, every round.
+    lengths = random.Random(requests)
 
     async def worker() -> None:
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            t0 = time.perf_counter()
+            body = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "x"}],
+                                 "max_tokens": lengths.randint(5, 15), "client_ts": time.monotonic()})
             async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
-                await resp.read()
+                raw = await resp.read()
                 assert resp.status == 200, resp.status
-            latencies.append(time.perf_counter() - t0)
+            answer = orjson.loads(raw)
+            latencies.append(answer["inbound"] + time.monotonic() - answer["ts"])
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies
@@ -74,20 +82,28 @@ async def _stream(session: aiohttp.ClientSession, url: str, concurrency: int, ch
     return delays
 
 
-async def bench(direct: str, gateway: str, rounds: int) -> list[tuple[str, int, dict[str, list[float]]]]:
+async def bench(
+    direct: str, gateway: str, rounds: int, gateway_process: psutil.Process
+) -> list[tuple[str, int, dict[str, list[float]], float]]:
+    """Per scenario: the samples of both paths and the gateway's CPU seconds per sample."""
     scenarios = [("non-streaming request", 1, 100), ("non-streaming request", 256, 1536), ("streamed chunk", 1, 200), ("streamed chunk", 256, 40)]
     out = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
         for kind, conc, size in scenarios:
             samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+            cpu = 0.0
             for _ in range(rounds):
                 for name, base in (("direct", direct), ("gateway", gateway)):
                     url = base + "/v1/chat/completions"
+                    before = gateway_process.cpu_times()
                     if kind.startswith("non"):
                         samples[name] += await _non_stream(session, url, conc, size)
                     else:
                         samples[name] += await _stream(session, url, conc, size)
-            out.append((kind, conc, samples))
+                    if name == "gateway":
+                        after = gateway_process.cpu_times()
+                        cpu += after.user + after.system - before.user - before.system
+            out.append((kind, conc, samples, cpu / len(samples["gateway"])))
     return out
 
 
@@ -117,7 +133,9 @@ def main() -> None:
             line = gateway.stdout.readline().decode()
             if not re.search(r"serving on", line):
                 raise RuntimeError(f"gateway did not start: {line!r}")
-            results = uvloop.run(bench(f"http://127.0.0.1:{src_port}", f"http://127.0.0.1:{gw_port}", args.rounds))
+            results = uvloop.run(
+                bench(f"http://127.0.0.1:{src_port}", f"http://127.0.0.1:{gw_port}", args.rounds, psutil.Process(gateway.pid))
+            )
         finally:
             for p in procs:
                 os.killpg(p.pid, 15)
@@ -132,13 +150,21 @@ def main() -> None:
         "with both backends pointing at the source; client: aiohttp in a third process. Direct and gateway rounds "
         f"alternate ({args.rounds} rounds each). Added = gateway minus direct at the same percentile.",
         "",
-        "| measured | concurrency | direct p50 (ms) | gateway p50 (ms) | added p50 (ms) | direct p99 (ms) | gateway p99 (ms) | added p99 (ms) | samples |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Non-streaming latency is the request's transit (client to source, plus the response back), "
+        "stamped with the shared monotonic clock, so the source's wait for its 5-15 tokens is not in it. "
+        "Gateway CPU is the gateway process's user+system time during its rounds, per sample (per request, or "
+        "per chunk for streams, including the request's own share).",
+        "",
+        "| measured | concurrency | direct p50 (ms) | gateway p50 (ms) | added p50 (ms) | direct p99 (ms) | gateway p99 (ms) | added p99 (ms) | gateway CPU per sample (µs) | samples |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for kind, conc, s in results:
+    for kind, conc, s, cpu in results:
         d50, g50 = _pct(s["direct"], 0.5) * 1e3, _pct(s["gateway"], 0.5) * 1e3
         d99, g99 = _pct(s["direct"], 0.99) * 1e3, _pct(s["gateway"], 0.99) * 1e3
-        lines.append(f"| {kind} | {conc} | {d50:.2f} | {g50:.2f} | {g50 - d50:.2f} | {d99:.2f} | {g99:.2f} | {g99 - d99:.2f} | {len(s['gateway'])} |")
+        lines.append(
+            f"| {kind} | {conc} | {d50:.2f} | {g50:.2f} | {g50 - d50:.2f} | {d99:.2f} | {g99:.2f} | {g99 - d99:.2f} "
+            f"| {cpu * 1e6:.0f} | {len(s['gateway'])} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -37,7 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from backends.sim.profiles import load_profile  # noqa: E402
 from loadtest.client import TargetClient, TargetOptions, open_session, served_model  # noqa: E402
 from loadtest.envelope import Ports, StackSettings, gateway_config, specgate_executable  # noqa: E402
-from loadtest.load import closed_loop, open_loop, poisson_arrivals  # noqa: E402
+from loadtest.load import closed_loop, open_loop  # noqa: E402
 from loadtest.prompts import PromptFactory  # noqa: E402
 from loadtest.records import RequestRecord, RequestSpec  # noqa: E402
 from loadtest.stack import Child, wait_until_ok  # noqa: E402
@@ -102,9 +103,11 @@ def schedule(phases: list[Phase], seed: int) -> list[float]:
 class Stack:
     """One gateway (and its simulated servers) with one policy; stopped on every path."""
 
-    def __init__(self, profile: str, topology: str, run: Run, time_scale: float, seed: int, work: Path) -> None:
+    def __init__(
+        self, profile: str, topology: str, run: Run, time_scale: float, seed: int, eagle_cap: int | None, work: Path
+    ) -> None:
         self.ports = Ports.pick(topology)  # type: ignore[arg-type]
-        stack = StackSettings(profile, None, topology, run.policy, run.params, time_scale, seed)  # type: ignore[arg-type]
+        stack = StackSettings(profile, None, topology, run.policy, run.params, time_scale, seed, eagle_cap)  # type: ignore[arg-type]
         self.config = gateway_config(stack, self.ports)
         work.mkdir(parents=True, exist_ok=True)
         self.config_path = work / "specgate.toml"
@@ -146,10 +149,11 @@ class Stack:
 
 
 async def run_one(
-    profile: str, topology: str, run: Run, scale: float, seed: int, specs: list[RequestSpec], arrivals: list[float], work: Path
+    profile: str, topology: str, run: Run, scale: float, seed: int, eagle_cap: int | None,
+    specs: list[RequestSpec], arrivals: list[float], work: Path,
 ) -> tuple[list[RequestRecord], float, dict[str, Any]]:
     """The schedule through one policy: its records, the run's start time, and the final /admin/status."""
-    async with Stack(profile, topology, run, scale, seed, work) as stack, open_session(len(specs) + 8, 3600.0) as session:
+    async with Stack(profile, topology, run, scale, seed, eagle_cap, work) as stack, open_session(len(specs) + 8, 3600.0) as session:
         client = TargetClient(session, stack.url, await served_model(session, stack.url, None), TargetOptions())
         warmup = list(PromptFactory(specs[0].input_len, 16, seed=seed - 1).take(2))
         await closed_loop(client.send, warmup, concurrency=2)  # as the envelope's warm-up
@@ -261,9 +265,11 @@ def markdown(doc: dict[str, Any]) -> str:
 @click.option("--input-len", type=int, default=128, show_default=True)
 @click.option("--output-len", type=int, default=128, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--eagle-max-running-requests", "eagle_cap", type=click.IntRange(min=1), default=None,
+              help="the EAGLE server's running-request cap [default: the profile's], the same for every policy")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
 def main(profile: str, topology: str, thresholds: str, low_busy: float, high_load: float, phase_seconds: str,
-         input_len: int, output_len: int, seed: int, out_dir: Path) -> None:
+         input_len: int, output_len: int, seed: int, eagle_cap: int | None, out_dir: Path) -> None:
     """Run the schedule through the adaptive policy and each threshold; write results.json, report.md, a plot."""
     seconds = tuple(float(x) for x in phase_seconds.split(","))
     if len(seconds) != 3:
@@ -278,7 +284,7 @@ def main(profile: str, topology: str, thresholds: str, low_busy: float, high_loa
     for run in runs:
         click.echo(f"{run.label}: {len(specs)} requests over {sum(p.seconds for p in phases):.0f} s ...", err=True)
         records, started, status = uvloop.run(
-            run_one(profile, topology, run, scale, seed, specs, arrivals, out_dir / "logs" / run.label.replace(", ", "_").replace("=", "-"))
+            run_one(profile, topology, run, scale, seed, eagle_cap, specs, arrivals, out_dir / "logs" / run.label.replace(", ", "_").replace("=", "-"))
         )
         summary = summarize(records, started, phases)
         click.echo(f"  mean TPOT {summary['tpot_mean_ms']:.2f} ms, share {summary['backend_share']}", err=True)
@@ -294,6 +300,7 @@ def main(profile: str, topology: str, thresholds: str, low_busy: float, high_loa
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "input_len": input_len,
         "output_len": output_len,
+        "eagle_max_running_requests": eagle_cap,
         "schedule": {"how": how, "time_scale": scale, "requests": len(specs),
                      "phases": [{"name": p.name, "rate": p.rate, "seconds": p.seconds} for p in phases]},
         "runs": results,
@@ -309,6 +316,7 @@ def main(profile: str, topology: str, thresholds: str, low_busy: float, high_loa
     shown = {k: v for k, v in series.items() if k in ("adaptive", best["label"], "threshold=0")}
     plot(out_dir / "tpot-over-time.png", shown, phases, f"{profile}, {topology}: adaptive vs best threshold")
     (out_dir / "report.md").write_text(markdown(doc))
+    shutil.rmtree(out_dir / "logs", ignore_errors=True)  # every run finished: the process logs are for debugging
     click.echo(markdown(doc))
 
 

@@ -45,7 +45,9 @@ class StampingSource:
     async def start(self, port: int = 0) -> int:
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        # SGLang's uvicorn listens with a 2048 backlog; aiohttp's default of 128 would drop SYNs
+        # (1 s retransmits) when 256 clients connect at once, which no real backend does.
+        site = web.TCPSite(self._runner, "127.0.0.1", port, backlog=2048)
         await site.start()
         return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
@@ -61,13 +63,15 @@ class StampingSource:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         req: dict[str, Any] = await request.json(loads=orjson.loads)
+        # How long the request took to get here, if the client stamped it (`client_ts`, monotonic).
+        inbound = time.monotonic() - req["client_ts"] if "client_ts" in req else None
         n = int(req.get("max_tokens", 16))
         rid = str(req.get("rid", "r"))
         if not req.get("stream"):
             await asyncio.sleep(self.step * n)
             usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
             return web.json_response(
-                {"id": rid, "object": "chat.completion", "model": MODEL, "ts": time.monotonic(),
+                {"id": rid, "object": "chat.completion", "model": MODEL, "ts": time.monotonic(), "inbound": inbound,
                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}],
                  "usage": usage},
                 dumps=lambda o: orjson.dumps(o).decode(),

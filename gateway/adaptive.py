@@ -46,6 +46,9 @@ from gateway.routing import Completion, Decision, Policy
 # plain server until the next probe.
 SPEC_PRIOR = 0.2
 SPEC_PRIOR_WEIGHT = 1.0
+# Co-located: a response counts only if the other server had at most this many requests in flight
+# on average while it decoded.
+SHARED_TOLERANCE = 0.25
 
 
 @dataclass
@@ -56,9 +59,10 @@ class _Arm:
     speculative: bool | None = None  # learned from the first snapshot that lists the backend
     since_routed: int = 0  # decisions since it last received a request
     was_available: bool = False
+    shared_skipped: int = 0  # co-located: responses not used because the other server was busy
 
     def describe(self) -> dict[str, Any]:
-        return {"speculative": self.speculative, **self.estimator.describe()}
+        return {"speculative": self.speculative, **self.estimator.describe(), "shared_skipped": self.shared_skipped}
 
 
 class AdaptivePolicy(Policy):
@@ -133,6 +137,11 @@ class AdaptivePolicy(Policy):
         arm = self._arms.get(completion.backend)
         if arm is None:  # a forced route can finish before the policy ever routed there
             arm = self._arms[completion.backend] = _Arm(TpotEstimator(self.estimator))
+        if self.colocated and completion.mean_pool_inflight - completion.mean_inflight > SHARED_TOLERANCE:
+            # The other server decoded meanwhile and its steps were interleaved with this one's
+            # on the shared GPU: this TPOT is not what this server costs on its own.
+            arm.shared_skipped += 1
+            return
         arm.estimator.observe(completion.mean_inflight, completion.decode_seconds / tokens, tokens)
 
     def describe(self) -> dict[str, Any]:
@@ -205,17 +214,22 @@ class AdaptivePolicy(Policy):
             return Decision(plain.name if plain.available else spec.name, "adaptive_unavailable")
         n_e, n_p = spec.inflight, plain.inflight
         eagle_open = n_e < self.cap
+        # A probe must measure the backend on its own: idle itself, and on a shared GPU the other
+        # one idle too (its steps would be interleaved with the probe's).
+        idle = n_e + n_p == 0
+        probe_e = eagle_open and (idle if self.colocated else n_e == 0)
+        probe_p = idle if self.colocated else n_p == 0
         if not (e.estimator.fitted and p.estimator.fitted):
-            if n_e + n_p == 0 and eagle_open:
-                return Decision(spec.name, "adaptive_prior")
-            if not p.estimator.fitted and n_p == 0:
+            if not p.estimator.fitted and probe_p and (e.estimator.fitted or not idle):
                 return Decision(plain.name, "adaptive_explore")
-            if not e.estimator.fitted and n_e == 0 and eagle_open:
+            if idle and eagle_open:
+                return Decision(spec.name, "adaptive_prior")
+            if not e.estimator.fitted and probe_e:
                 return Decision(spec.name, "adaptive_explore")
             return Decision(plain.name, "adaptive_prior")
-        if p.since_routed >= self.probe_every and n_p == 0:
+        if p.since_routed >= self.probe_every and probe_p:
             return Decision(plain.name, "adaptive_explore")
-        if e.since_routed >= self.probe_every and n_e == 0 and eagle_open:
+        if e.since_routed >= self.probe_every and probe_e:
             return Decision(spec.name, "adaptive_explore")
         x_e, x_p = (n_e + n_p + 1, n_e + n_p + 1) if self.colocated else (n_e + 1, n_p + 1)
         pred_e = e.estimator.predict(x_e) * self._spec_factor(e)

@@ -55,7 +55,9 @@ class BackendConfig(_Section):
 
 
 class PolicyConfig(_Section):
-    name: Literal["threshold", "spill", "adaptive"] = "threshold"
+    name: Literal["threshold", "spill", "adaptive"] = Field(
+        default="adaptive", description="adaptive learns the crossover; threshold and spill are fixed rules"
+    )
     threshold: int = Field(
         default=1, ge=0, description="threshold: EAGLE while total in-flight < this (1: only a lone request)"
     )

@@ -5,15 +5,19 @@ The model is calibration.md's affine step model divided by the tokens each step 
 It is fitted from finished responses, each giving one point (mean in-flight while it decoded,
 decode seconds / (tokens - 1)), by exponentially weighted least squares, made fit for live traffic:
 
-- Robust: residuals are measured relative to the prediction and Huber-weighted against a running
-  scale, so a response whose decode window caught a long prompt's prefill, or a stall, moves the
-  fit little.
+- Relative error: noise scales with the TPOT level, so points are weighted by (typical TPOT /
+  predicted TPOT)^2; low-load points then pin the intercept instead of drowning in high-load noise.
+- Robust: residuals are measured relative to the prediction against a running scale (plus the
+  prediction's own uncertainty where the slope is still the prior's); beyond 2 scales a point gets
+  a Huber weight, beyond 6 none, so a response whose decode window caught a long prompt's prefill,
+  or a stall, moves nothing, while the first points at a load never seen still teach the slope.
 - Always identifiable: a weak prior line through the data's centre, with slope `prior_slope_ratio`
   times its intercept, stands in for the slope while the data has no spread in n (a backend seen at
   one load only). Any spread outweighs it within a few observations.
 - Forgetting: old evidence decays with a half-life counted in observations, and a sustained, material
   bias of the residuals (the deployment changed: acceptance length dropped, a server restarted
-  with other settings) drops almost all of it at once, so the fit re-learns within tens of responses.
+  with other settings) drops almost all of it at once, keeping the old line's shape as the prior,
+  so the fit re-learns within tens of responses.
 
 Everything costs O(1) per observation; `predict` is one multiply-add.
 """
@@ -31,13 +35,14 @@ class EstimatorConfig:
 
     half_life: float = 200.0  # observations until old evidence counts half
     prior_slope_ratio: float = 0.1  # prior beta/alpha per request: geometric middle of plain and EAGLE step shapes
-    prior_weight: float = 1.0  # prior strength, in observations times (requests of spread in n)^2
+    prior_weight: float = 0.2  # prior strength, in observations times (requests of spread in n)^2
     huber_k: float = 2.0  # residuals beyond k running scales get weight k*scale/|r| ...
     reject_k: float = 3.0  # ... and beyond reject_k times that, none
     scale_floor: float = 0.01  # relative noise floor, so near-deterministic data does not turn all into outliers
     scale_cap: float = 0.5  # a rough early fit must not make every later point look normal
     scale_rate: float = 0.05  # EWMA rate of the residual scale
     robust_after: int = 5  # observations before residuals are trusted enough to down-weight
+    prior_slope_doubt: float = 3.0  # how far off (x slope) a prior-made slope may be, when judging residuals
     shift_rate: float = 0.1  # EWMA rate of the change detector (about the last 10 observations)
     shift_sign: float = 0.75  # |mean sign of residuals| that signals a consistent shift ...
     shift_size: float = 0.1  # ... when the mean relative residual is also at least this
@@ -141,10 +146,19 @@ class TpotEstimator:
             # Just (re)started: too few points to call any of them an outlier.
             self._scale = min(max(self._scale + 0.5 * (abs(r) * 1.2533 - self._scale), cfg.scale_floor), cfg.scale_cap)
             return 1.0
-        limit = cfg.huber_k * self._scale
+        # Residuals are judged against the prediction's own uncertainty too: where the data has no
+        # spread in n the slope is mostly the prior's, so far from the data's centre a large
+        # residual is news about the slope, not an outlier.
+        w = self._w
+        n_mean, y_mean = self._wn / w, self._wy / w
+        spread = w * max(self._wnn / w - n_mean * n_mean, 0.0)
+        prior_share = cfg.prior_weight / (spread + cfg.prior_weight)
+        slope_sd = prior_share * cfg.prior_slope_doubt * self.beta + self._scale * y_mean / math.sqrt(spread + cfg.prior_weight)
+        base = cfg.huber_k * self._scale
+        limit = base + abs(n - n_mean) * slope_sd / predicted
         # Change detection on residuals clipped to a few scales, so outliers cannot fake a shift
         # while a real one (every point off by the same margin) still gets through.
-        clipped = max(-1.5 * limit, min(1.5 * limit, r))
+        clipped = max(-1.5 * base, min(1.5 * base, r))
         self._shift_sign += cfg.shift_rate * ((1.0 if r > 0 else -1.0 if r < 0 else 0.0) - self._shift_sign)
         self._shift_mean += cfg.shift_rate * (clipped - self._shift_mean)
         if (
@@ -158,7 +172,7 @@ class TpotEstimator:
             self.forget(cfg.relearn_keep)
         # The scale follows |r| (x1.2533: mean absolute deviation to sigma for normal noise),
         # with outliers clipped so a burst of them cannot inflate it.
-        self._scale += cfg.scale_rate * (min(abs(r), limit) * 1.2533 - self._scale)
+        self._scale += cfg.scale_rate * (min(abs(r), base) * 1.2533 - self._scale)
         self._scale = min(max(self._scale, cfg.scale_floor), cfg.scale_cap)
         if abs(r) <= limit:
             return 1.0

@@ -139,6 +139,10 @@ class Pool:
     def total_inflight(self) -> int:
         return sum(b.inflight for b in self._backends.values())
 
+    def load_area(self, now: float) -> float:
+        """Integral of the total in-flight count from process start to `now` (request-seconds)."""
+        return sum(b.load_area(now) for b in self._backends.values())
+
     def snapshot(self) -> PoolSnapshot:
         """The current state as plain data for a policy."""
         return PoolSnapshot(

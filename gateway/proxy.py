@@ -73,6 +73,8 @@ class ProxyResponse(Response):
         self._streaming = False  # stream headers sent: an interruption must end it with an error event
         self._area_first = 0.0
         self._area_last = 0.0
+        self._pool_area_first = 0.0
+        self._pool_area_last = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         work = asyncio.create_task(self._serve(send))
@@ -254,11 +256,11 @@ class ProxyResponse(Response):
         itl = rt.metrics.itl.labels(backend.name)
 
         def on_token(now: float, first: bool) -> None:
-            area = backend.load_area(now)
+            area, pool_area = backend.load_area(now), rt.pool.load_area(now)
             if first:
-                self._area_first = area
+                self._area_first, self._pool_area_first = area, pool_area
                 rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
-            self._area_last = area
+            self._area_last, self._pool_area_last = area, pool_area
 
         await send(
             {
@@ -301,6 +303,7 @@ class ProxyResponse(Response):
                         ttft=result.first_token_at - job.arrived_at,
                         decode_seconds=decode,
                         mean_inflight=(self._area_last - self._area_first) / decode,
+                        mean_pool_inflight=(self._pool_area_last - self._pool_area_first) / decode,
                     )
                 )
 

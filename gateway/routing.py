@@ -33,6 +33,7 @@ class Completion:
     ttft: float  # seconds from dispatch to the first content chunk
     decode_seconds: float  # first to last content chunk
     mean_inflight: float  # the backend's mean in-flight count while this request decoded
+    mean_pool_inflight: float  # the same for all backends together
 
 
 class Policy(ABC):
@@ -113,7 +114,9 @@ def make_policy(config: PolicyConfig) -> Policy:
     if config.name == "spill":
         return SpillPolicy(config.eagle_max_inflight)
     if config.name == "adaptive":
-        from gateway.adaptive import AdaptivePolicy  # imported here: it builds on this module's interface
+        from gateway.adaptive import (
+            AdaptivePolicy,  # imported here: it builds on this module's interface
+        )
 
         return AdaptivePolicy.from_config(config)
     raise ValueError(f"unknown policy {config.name!r}")

@@ -44,6 +44,7 @@ class StackSettings:
     policy_params: dict[str, Any] = field(default_factory=dict)
     time_scale: float = 1.0
     seed: int = 0
+    eagle_max_running_requests: int | None = None  # None: the profile's own cap
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ def gateway_config(stack: StackSettings, ports: Ports) -> dict[str, Any]:
         "topology": stack.topology,
         "time_scale": stack.time_scale,
         "seed": stack.seed,
-        "eagle": {"port": ports.eagle},
+        "eagle": {"port": ports.eagle}
+        | ({"max_running_requests": stack.eagle_max_running_requests} if stack.eagle_max_running_requests else {}),
         "plain": {"port": ports.plain},
     }
     if stack.profile_file is not None:
@@ -239,6 +241,7 @@ def envelope_document(
             "topology": stack.topology,
             "policy": stack.policy,
             "policy_params": stack.policy_params,
+            "eagle_max_running_requests": stack.eagle_max_running_requests,
             "time_scale": stack.time_scale,
             "time_scale_note": time_scale_note,
             **stack_info,

@@ -11,6 +11,7 @@ import click
 import uvloop
 from rich.console import Console
 
+from gateway.config import PolicyConfig
 from loadtest.envelope import Bound, Envelope, StackSettings, envelope_document
 from loadtest.options import bad_parameter, parse_requests
 from loadtest.progress import progress_for
@@ -91,9 +92,12 @@ async def _run_until_signal(envelope: Envelope, command: str) -> tuple[Any, Any]
 @click.option("--profile-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="simulator profile file (TOML or JSON)")
 @click.option("--topology", type=click.Choice(["partitioned", "colocated"]), default="partitioned", show_default=True)
-@click.option("--policy", default="threshold", show_default=True, help="gateway routing policy")
+@click.option("--policy", default=PolicyConfig().name, show_default=True, help="gateway routing policy")
 @click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
               help="policy parameter (repeatable), e.g. threshold=2 or eagle_max_inflight=48")
+@click.option("--eagle-max-running-requests", type=click.IntRange(min=1), default=None,
+              help="the EAGLE server's running-request cap [default: the profile's]; set it above the policy's "
+                   "EAGLE cap so 'eagle direct' runs every request it is sent, as a real deployment's would")
 @click.option("--concurrency", default=DEFAULT_LEVELS, show_default=True, metavar="LIST")
 @click.option("--time-scale", "time_scale_text", default="auto", show_default=True, metavar="X|auto",
               help="simulator time scale (>1 is slower); auto fits the chunk rate to this machine")
@@ -116,6 +120,7 @@ def envelope(
     topology: str,
     policy: str,
     policy_params: tuple[str, ...],
+    eagle_max_running_requests: int | None,
     concurrency: str,
     time_scale_text: str,
     requests_per_level: str,
@@ -153,7 +158,8 @@ def envelope(
         scale, note = fixed_scale, "set with --time-scale"
 
     stack = StackSettings(profile=profile, profile_file=profile_file, topology=topology,  # type: ignore[arg-type]
-                          policy=policy, policy_params=params, time_scale=scale, seed=seed)
+                          policy=policy, policy_params=params, time_scale=scale, seed=seed,
+                          eagle_max_running_requests=eagle_max_running_requests)
     settings = SweepSettings(levels=levels, requests_per_level=parse_requests(requests_per_level, min_requests),
                              input_len=input_len, output_len=output_len, warmup=warmup, seed=seed,
                              timeout=max(600.0, 600.0 * scale))

@@ -15,14 +15,22 @@ import click
 LEVELS = "1,2,4,8,16,32,64,128"
 BOUNDS = ("--min-throughput-ratio", "0.95", "--max-tpot-ratio", "1.05")
 
-# name -> envelope arguments. field-8gpu: EAGLE pays only for a lone request, so the default
-# threshold policy (threshold 1). llama8b-h100: EAGLE wins up to its 48-request cap, so spill at 48.
-# field-8gpu with spill: EAGLE's GPUs add throughput under load when it keeps a small batch.
+ADAPTIVE = ("--policy", "adaptive", "--requests-per-level", "8x", "--min-requests-per-level", "32")
+ADAPTIVE_BOUNDS = ("--min-throughput-ratio", "0.97", "--max-tpot-ratio", "1.03")
+
+# name -> envelope arguments. The fixed rules need a parameter per profile: field-8gpu's EAGLE
+# pays only for a lone request (threshold 1); llama8b-h100's EAGLE wins up to its 48-request cap
+# (spill at 48); spill at 8 shows EAGLE's GPUs adding throughput under load. The adaptive policy
+# (the default) runs with no parameter, and colocated adds the single adaptive-speculation server.
 RUNS: dict[str, tuple[str, ...]] = {
-    "envelope-field-8gpu": ("--profile", "field-8gpu", *BOUNDS),
+    "envelope-field-8gpu": ("--profile", "field-8gpu", "--policy", "threshold", *BOUNDS),
     "envelope-llama8b-h100": ("--profile", "llama8b-h100", "--policy", "spill",
                               "--policy-param", "eagle_max_inflight=48", *BOUNDS),
     "envelope-field-8gpu-spill": ("--profile", "field-8gpu", "--policy", "spill", "--policy-param", "eagle_max_inflight=8"),
+    "envelope-field-8gpu-adaptive": ("--profile", "field-8gpu", *ADAPTIVE, *ADAPTIVE_BOUNDS),
+    "envelope-llama8b-h100-adaptive": ("--profile", "llama8b-h100", *ADAPTIVE, *ADAPTIVE_BOUNDS),
+    "envelope-field-8gpu-colocated-adaptive": ("--profile", "field-8gpu", "--topology", "colocated", *ADAPTIVE),
+    "envelope-llama8b-h100-colocated-adaptive": ("--profile", "llama8b-h100", "--topology", "colocated", *ADAPTIVE),
 }
 
 

@@ -95,6 +95,8 @@ def _option_error(err: ErrorDetails) -> str:
 @click.option("--enable-metrics", is_flag=True, help="serve /metrics (404 without, as SGLang)")
 @click.option("--extra-metric-labels", help='JSON object of labels added to every metric, e.g. \'{"pool":"spec"}\'')
 @click.option("--max-running-requests", type=click.IntRange(min=1), help="override the profile's running-request cap")
+@click.option("--eagle-max-running-requests", type=click.IntRange(min=1), help="the eagle cap with --colocated")
+@click.option("--plain-max-running-requests", type=click.IntRange(min=1), help="the plain cap with --colocated")
 @click.option(
     "--enable-test-endpoints", is_flag=True, help="serve the test-only /_test/requests and /_test/fault routes"
 )

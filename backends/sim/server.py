@@ -78,8 +78,9 @@ class SimProcess:
     def _endpoint(self, role: Role, port: int, timeline: Timeline, text: PseudoText, index: int) -> Endpoint:
         settings = self.settings
         table = self.profile.role(role)
-        if settings.max_running_requests is not None:
-            table = table.model_copy(update={"max_running_requests": settings.max_running_requests})
+        cap = settings.running_cap(role)
+        if cap is not None:
+            table = table.model_copy(update={"max_running_requests": cap})
         engine = Engine(
             table,
             StepModel(table, seed=settings.seed * 1000 + index),

@@ -37,6 +37,8 @@ class SimSettings(BaseModel):
     enable_metrics: bool = False
     extra_metric_labels: dict[str, str] = Field(default_factory=dict)
     max_running_requests: int | None = Field(default=None, ge=1)
+    eagle_max_running_requests: int | None = Field(default=None, ge=1)
+    plain_max_running_requests: int | None = Field(default=None, ge=1)
     enable_test_endpoints: bool = False
     test_faults: list[FaultSpec] = Field(default_factory=list)
     drain_timeout: float = Field(default=30.0, ge=0, description="wall seconds SIGTERM waits for running requests")
@@ -64,6 +66,8 @@ class SimSettings(BaseModel):
                 raise ValueError("--colocated runs both roles: give --eagle-port and --plain-port, not --role/--port")
             if self.eagle_port is None or self.plain_port is None:
                 raise ValueError("--colocated needs --eagle-port and --plain-port")
+            if self.max_running_requests is not None:
+                raise ValueError("--colocated sets each role's cap: --eagle/--plain-max-running-requests")
             if self.eagle_port == self.plain_port and self.eagle_port != 0:
                 raise ValueError(f"--eagle-port and --plain-port are both {self.eagle_port}")
         else:
@@ -71,7 +75,14 @@ class SimSettings(BaseModel):
                 raise ValueError("give --role and --port (or --colocated with --eagle-port and --plain-port)")
             if self.eagle_port is not None or self.plain_port is not None:
                 raise ValueError("--eagle-port/--plain-port only apply with --colocated")
+            if self.eagle_max_running_requests is not None or self.plain_max_running_requests is not None:
+                raise ValueError("--eagle/--plain-max-running-requests only apply with --colocated")
         return self
+
+    def running_cap(self, role: Role) -> int | None:
+        """The running-request cap that overrides the profile's for `role`, if one was given."""
+        per_role = {"eagle": self.eagle_max_running_requests, "plain": self.plain_max_running_requests}
+        return per_role.get(role) or self.max_running_requests
 
     def endpoints(self) -> list[tuple[Role, int]]:
         """The (role, port) pairs this process serves."""

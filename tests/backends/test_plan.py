@@ -232,16 +232,39 @@ def test_sim_partitioned_is_two_processes_of_the_sim_module() -> None:
     assert eagle.argv == (
         sys.executable, "-m", "backends.sim", "--role", "eagle", "--host", "127.0.0.1", "--port", "42000",
         "--profile", "field-8gpu", "--time-scale", "0.25", "--seed", "7", "--startup-delay", "1.5",
-        "--served-model-name", "sim-model", "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}',
+        "--served-model-name", "sim-model", "--enable-metrics", "--max-running-requests", "48",
+        "--extra-metric-labels", '{"pool":"eagle"}',
     )  # fmt: skip
     assert plain.argv[3:9] == ("--role", "plain", "--host", "127.0.0.1", "--port", "42001")
-    # The simulator's profile is its capacity model: no derived limits, no GPUs.
-    assert "--max-running-requests" not in eagle.argv and eagle.env == {}
+    # The simulator's profile is its capacity model: the profile's EAGLE cap (48 is above the
+    # policy's 2), plain untouched, no GPUs.
+    assert "--max-running-requests" not in plain.argv and eagle.env == {}
     assert plan.sequential is False and plan.warnings == ()
 
 
-def test_sim_colocated_is_one_process_with_two_endpoints() -> None:
-    config = LaunchConfig(topology="colocated", profile="llama8b-h100", profile_file=Path(__file__))
+def test_sim_eagle_runs_at_least_what_the_policy_sends_it() -> None:
+    """A capped simulated EAGLE server would queue the adaptive policy's 128 and hide that wait."""
+    eagle, plain = build_plan(LaunchConfig(), eagle_cap=128, free_port=ports()).processes
+    assert _flag(eagle.argv, "--max-running-requests") == "128"
+    assert "--max-running-requests" not in plain.argv
+    (colocated,) = build_plan(LaunchConfig(topology="colocated"), eagle_cap=128, free_port=ports()).processes
+    assert _flag(colocated.argv, "--eagle-max-running-requests") == "128"
+    assert "--plain-max-running-requests" not in colocated.argv and "--max-running-requests" not in colocated.argv
+
+
+def test_sim_profile_errors_are_plan_errors(tmp_path: Path) -> None:
+    broken = tmp_path / "p.toml"
+    broken.write_text("[eagle]\ntau = 0.5\n")
+    with pytest.raises(PlanError, match="tau"):
+        build_plan(LaunchConfig(profile_file=broken), eagle_cap=1, free_port=ports())
+    with pytest.raises(PlanError, match="cannot read profile file /nonexistent/profile.toml"):
+        build_plan(LaunchConfig(profile_file=Path("/nonexistent/profile.toml")), eagle_cap=1, free_port=ports())
+
+
+def test_sim_colocated_is_one_process_with_two_endpoints(tmp_path: Path) -> None:
+    profile_file = tmp_path / "p.toml"
+    profile_file.write_text("[eagle]\nmax_running_requests = 20\n")
+    config = LaunchConfig(topology="colocated", profile="llama8b-h100", profile_file=profile_file)
     plan = build_plan(config, eagle_cap=2, free_port=ports(43000))
     (process,) = plan.processes
     assert process.name == "colocated"
@@ -254,7 +277,8 @@ def test_sim_colocated_is_one_process_with_two_endpoints() -> None:
         "--plain-port",
         "43001",
     )
-    assert _flag(process.argv, "--profile-file") == str(Path(__file__))
+    assert _flag(process.argv, "--profile-file") == str(profile_file)
+    assert _flag(process.argv, "--eagle-max-running-requests") == "20"  # the file's cap, above the policy's 2
     assert [(e.backend, e.url, e.speculative) for e in process.endpoints] == [
         ("eagle", "http://127.0.0.1:43000", True),
         ("plain", "http://127.0.0.1:43001", False),
@@ -358,8 +382,6 @@ def test_warns_when_both_servers_use_one_address() -> None:
 
 
 def test_sim_warnings() -> None:
-    missing = LaunchConfig(profile_file=Path("/nonexistent/profile.toml"))
-    _one(warnings_of(missing), "profile_file /nonexistent/profile.toml does not exist")
     hosts = LaunchConfig.model_validate(
         {"topology": "colocated", "eagle": {"host": "127.0.0.1"}, "plain": {"host": "127.0.0.2"}}
     )

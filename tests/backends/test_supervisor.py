@@ -351,9 +351,10 @@ def test_backends_die_with_specgate(runner: str) -> None:
         assert proc.stdout is not None
         pids = json.loads(proc.stdout.readline())
         assert set(pids) == {"eagle", "plain"}
+        backends = [psutil.Process(p) for p in pids.values()]  # before the kill: they may die at once
         proc.kill()
         proc.wait()
-        _, alive = psutil.wait_procs([psutil.Process(p) for p in pids.values()], timeout=30)
+        _, alive = psutil.wait_procs(backends, timeout=30)
         assert alive == []
     finally:
         proc.kill()

@@ -180,5 +180,5 @@ def test_prometheus_scrapes_gateway_and_simulated_sglang(repo: Path, tmp_path: P
             # The repository's alert rules loaded, and nothing fires on a healthy node.
             groups = _get(f"{prom}/api/v1/rules").json()["data"]["groups"]  # type: ignore[union-attr]
             alerts = {r["name"]: r["state"] for g in groups for r in g["rules"]}
-            assert "SpecgateBackendDown" in alerts and "SpecgateEagleUnderHighLoad" in alerts
+            assert "SpecgateBackendDown" in alerts and "SpecgateSpeculationSlowerThanPlain" in alerts
             assert {name for name, state in alerts.items() if state != "inactive"} == set(), json.dumps(alerts)

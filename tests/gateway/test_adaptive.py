@@ -29,8 +29,10 @@ def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True
     return PoolSnapshot((BackendView("eagle", True, eagle_up, eagle), BackendView("plain", False, plain_up, plain)))
 
 
-def completion(backend: str, line: Fit, n: float, tokens: int = 129) -> Completion:
-    return Completion(backend, tokens, ttft=0.02, decode_seconds=line.at(n) * (tokens - 1), mean_inflight=n)
+def completion(backend: str, line: Fit, n: float, tokens: int = 129, others: float = 0.0) -> Completion:
+    """A response that decoded at `line`'s TPOT with `n` in flight on its backend, `others` on the rest."""
+    decode = line.at(n) * (tokens - 1)
+    return Completion(backend, tokens, ttft=0.02, decode_seconds=decode, mean_inflight=n, mean_pool_inflight=n + others)
 
 
 def trained(eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
@@ -180,6 +182,39 @@ def test_colocated_compares_whole_load_on_one_server() -> None:
     assert steady(colocated, 0, 0) == Decision("eagle", "adaptive_predicted_faster")
 
 
+def test_colocated_learns_only_from_responses_that_had_the_gpu_to_themselves() -> None:
+    policy = trained(FIELD_EAGLE, FIELD_PLAIN, colocated=True)
+    before = policy.beliefs()["backends"]["plain"]
+    # A plain response that decoded while EAGLE had 3 requests interleaved: three times slower.
+    for _ in range(50):
+        policy.observe(completion("plain", Fit(FIELD_PLAIN.alpha * 3, FIELD_PLAIN.beta * 3), 1, others=3))
+    after = policy.beliefs()["backends"]["plain"]
+    assert after["alpha_seconds"] == before["alpha_seconds"]
+    assert after["shared_skipped"] == 50
+    # Partitioned, the same responses are the plain server's real TPOT and are learned.
+    partitioned = trained(FIELD_EAGLE, FIELD_PLAIN)
+    for _ in range(50):
+        partitioned.observe(completion("plain", Fit(FIELD_PLAIN.alpha * 3, FIELD_PLAIN.beta * 3), 1, others=3))
+    assert partitioned.beliefs()["backends"]["plain"]["alpha_seconds"] > 2 * FIELD_PLAIN.alpha
+
+
+def test_colocated_probes_only_when_the_whole_gpu_is_idle() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=5)
+    for arm in policy._arms.values():
+        arm.since_routed = 0
+    reasons = [policy.choose(snap(3, 0)).reason for _ in range(20)]
+    assert "adaptive_explore" not in reasons  # plain is idle, but EAGLE's steps would interleave
+    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+
+
+def test_colocated_cold_start_measures_each_server_alone() -> None:
+    policy = AdaptivePolicy(colocated=True)
+    assert policy.choose(snap(0, 0)) == Decision("eagle", "adaptive_prior")
+    assert policy.choose(snap(1, 0)) == Decision("plain", "adaptive_prior")  # not a probe: EAGLE is busy
+    policy.observe(completion("eagle", FIELD_EAGLE, 1))
+    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+
+
 def test_speculation_prior_fades_with_evidence() -> None:
     policy = AdaptivePolicy()
     policy.choose(snap(0, 0))
@@ -209,8 +244,8 @@ def test_beliefs_follow_the_live_pool() -> None:
 def test_responses_without_decode_time_teach_nothing() -> None:
     policy = AdaptivePolicy()
     policy.choose(snap(0, 0))
-    policy.observe(Completion("eagle", 1, 0.01, 0.0, 1.0))
-    policy.observe(Completion("eagle", 5, 0.01, 0.0, 1.0))
+    policy.observe(Completion("eagle", 1, 0.01, 0.0, 1.0, 1.0))
+    policy.observe(Completion("eagle", 5, 0.01, 0.0, 1.0, 1.0))
     assert policy.beliefs()["backends"]["eagle"]["observations"] == 0
 
 

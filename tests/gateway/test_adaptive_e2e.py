@@ -1,4 +1,5 @@
-"""End to end: `specgate serve --policy adaptive` in front of its simulated field-8gpu backends.
+"""End to end: `specgate serve` with its default policy (adaptive) in front of its simulated
+field-8gpu backends.
 
 Driven with the real `openai` client in closed loops at concurrency 1 and 8. The policy must
 learn from the streamed responses that speculation pays only for a lone request (the profile's
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
-    gw = start_gateway("--policy", "adaptive", env={"SPECGATE_LAUNCH__TIME_SCALE": "0.5"})
+    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.5"})  # no --policy: the default
     try:
         yield gw
     finally:

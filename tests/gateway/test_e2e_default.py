@@ -1,6 +1,7 @@
 """End to end with the real `openai` client against `specgate serve`'s embedded default.
 
-One gateway (two simulated backends, field-8gpu at time-scale 0.1) serves the whole module.
+One gateway (two simulated backends, field-8gpu at time-scale 0.1, the threshold policy) serves
+the whole module.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
-    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.1", "SPECGATE_POLICY__THRESHOLD": "2"})
+    # The threshold policy: its routing is exact, so these tests can assert where each request went.
+    env = {"SPECGATE_LAUNCH__TIME_SCALE": "0.1", "SPECGATE_POLICY__NAME": "threshold", "SPECGATE_POLICY__THRESHOLD": "2"}
+    gw = start_gateway(env=env)
     try:
         yield gw
     finally:

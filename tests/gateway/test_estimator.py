@@ -223,3 +223,16 @@ def test_forget_keeps_the_line_but_lets_new_data_win() -> None:
     for i in range(5):
         est.observe(float(1 + i % 4), 0.010 + 0.002 * (1 + i % 4), tokens=127)
     assert est.predict(2) == pytest.approx(0.014, rel=0.05)
+
+
+def test_a_new_load_is_news_not_an_outlier() -> None:
+    """Near-deterministic data at one load leaves a tight residual scale and a slope made by the
+    prior; the first points at another load are far off that slope and must teach it."""
+    est = TpotEstimator()
+    truth = Fit(1e-3, 1.4e-3)  # slope 14x the prior's ratio (field-8gpu's EAGLE shape)
+    for _ in range(40):
+        est.observe(1.0, truth.at(1), tokens=127)
+    assert est.predict(2) < 0.8 * truth.at(2)
+    for _ in range(3):
+        est.observe(2.0, truth.at(2), tokens=127)
+    assert est.predict(2) == pytest.approx(truth.at(2), rel=0.1)

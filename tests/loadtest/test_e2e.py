@@ -101,7 +101,7 @@ def _processes_mentioning(ports: list[int]) -> list[psutil.Process]:
 def test_short_envelope_run_has_the_contract_shape_and_leaves_nothing_running(tmp_path: Path) -> None:
     out = tmp_path / "env"
     result = CliRunner().invoke(main, [
-        "envelope", "--profile", "field-8gpu", "--concurrency", "1,4", "--time-scale", "0.5",
+        "envelope", "--profile", "field-8gpu", "--policy", "threshold", "--concurrency", "1,4", "--time-scale", "0.5",
         "--requests-per-level", "1x", "--min-requests-per-level", "4", "--output-len", "24", "--input-len", "16",
         "--warmup", "1", "--min-throughput-ratio", "0.01", "--max-tpot-ratio", "100", "--out", str(out),
     ])

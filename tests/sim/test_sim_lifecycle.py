@@ -109,6 +109,11 @@ def test_overrides_reach_the_reports(sims: SimFactory, tmp_path: Path) -> None:
         (["--role", "eagle"], "give --role and --port"),
         (["--colocated", "--role", "eagle", "--eagle-port", "0", "--plain-port", "0"], "--colocated runs both roles"),
         (["--colocated", "--eagle-port", "0"], "--colocated needs --eagle-port and --plain-port"),
+        (
+            ["--colocated", "--eagle-port", "0", "--plain-port", "0", "--max-running-requests", "4"],
+            "--colocated sets each role's cap",
+        ),
+        (["--role", "eagle", "--port", "0", "--eagle-max-running-requests", "4"], "only apply with --colocated"),
         (["--role", "eagle", "--port", "0", "--extra-metric-labels", "{bad"], "not valid JSON"),
         (["--role", "eagle", "--port", "0", "--time-scale", "0"], "--time-scale: Input should be greater than 0"),
         (["--role", "eagle", "--port", "0", "--served-model-name", "a:b"], "may not contain ':'"),
