@@ -262,12 +262,12 @@ async def test_sigkill_after_stop_timeout_when_sigterm_is_ignored() -> None:
 
 
 async def test_early_exit_fails_start_with_the_last_output(supervisors: Factory) -> None:
-    sup = supervisors(sim_plan(profile="no-such-profile"))
+    sup = supervisors(sim_plan(eagle={"extra_args": ["--served-model-name", "bad:name"]}))
     with pytest.raises(SupervisorError) as err:
         await sup.start()
     message = str(err.value)
     assert "exited with status" in message and "before it was ready" in message
-    assert "no-such-profile" in message  # the simulator's own complaint, from its output
+    assert "may not contain ':'" in message  # the simulator's own complaint, from its output
     assert own_descendants() == []
 
 

@@ -73,8 +73,13 @@ def test_sweep_through_specgate_serve_embedded_default(tmp_path: Path) -> None:
         assert gw.stop() == 0
     lone, busy = (lv["targets"]["specgate"] for lv in doc["levels"])
     assert lone["failed"] == busy["failed"] == 0
-    assert lone["backend_share"] == {"eagle": 1.0}  # a request alone is speculated
-    assert busy["backend_share"]["plain"] >= 0.5  # under load most go to plain decode
+    # The share comes from each response's x-specgate-backend header. A request alone is
+    # speculated; the default (adaptive) policy also sends one cold-start request to the idle
+    # plain server, to measure it. Where it sends the busy level's 8 while it is still learning is
+    # not this test's business (tests/gateway/test_adaptive_e2e.py checks what it learns).
+    assert lone["backend_share"]["eagle"] >= 0.75
+    assert set(busy["backend_share"]) <= {"eagle", "plain"}
+    assert sum(busy["backend_share"].values()) == pytest.approx(1.0)
     assert busy["total_output_tokens"] == 16 * 8
 
 
