@@ -30,6 +30,7 @@ from backends.sim.profiles import load_profile
 from gateway.adaptive import AdaptivePolicy
 from gateway.pool import BackendView, PoolSnapshot
 from gateway.routing import Completion
+from benchmarks.output import publish
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 EAGLE_CAP = 128
@@ -164,11 +165,7 @@ def main(out: Path | None) -> None:
         "",
     ]
     text = "\n".join(lines_out)
-    if out is None:
-        click.echo(text)
-    else:
-        out.write_text(text)
-        click.echo(f"wrote {out}")
+    publish(text, out)
 
 
 if __name__ == "__main__":

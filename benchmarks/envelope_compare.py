@@ -20,6 +20,8 @@ from typing import Any
 import click
 import orjson
 
+from benchmarks.output import publish
+
 
 def load(path: Path) -> dict[str, Any]:
     """An envelope's results.json (given the file or its directory)."""
@@ -90,11 +92,7 @@ def main(runs: tuple[str, ...], out: Path | None) -> None:
         "",
     ]
     text = "\n".join(lines)
-    if out is None:
-        click.echo(text)
-    else:
-        out.write_text(text)
-        click.echo(f"wrote {out}")
+    publish(text, out)
 
 
 if __name__ == "__main__":

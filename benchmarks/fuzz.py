@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings, strategies
 from schemathesis import GenerationMode
 
 from tests.gatewayproc import start_gateway
+from benchmarks.output import publish
 
 HANG_SECONDS = 20.0  # no answer and no close within this is a hang
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -348,10 +349,7 @@ def main(cases: int, mutation_count: int, seed: int, out: Path | None) -> None:
         fuzz_raw(url, model, mutation_count, result, seed)
         settle_inflight(url, result)
     text = report(result, command, time.monotonic() - started)
-    click.echo(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+    publish(text, out)
     sys.exit(1 if result.problems() else 0)
 
 

@@ -28,6 +28,8 @@ import orjson
 import psutil
 import uvloop
 
+from benchmarks.output import publish
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -166,9 +168,7 @@ def main() -> None:
             f"| {cpu * 1e6:.0f} | {len(s['gateway'])} |"
         )
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

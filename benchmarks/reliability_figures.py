@@ -22,6 +22,7 @@ import click
 import uvloop
 
 from benchmarks import fuzz, soak
+from benchmarks.output import publish
 
 SUITE = "tests/reliability"
 FULL_SOAK = soak.SoakSettings(requests=100_000, concurrency=256, time_scale=0.8, baseline="600s")
@@ -188,13 +189,10 @@ def main(full: bool, out: Path | None) -> None:
                         _cmd("test_fuzz.py"), ci_fuzz.passed)
     all_rows = rows(runs, soak_row, fuzz_row)
     text = table(all_rows, command, time.monotonic() - started)
-    click.echo(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-        if full:
-            (out.parent / "reliability-soak.md").write_text(soak.report(soak_result, soak_cmd))
-            (out.parent / "reliability-fuzz.md").write_text(fuzz.report(fuzz_result, fuzz_cmd, fuzz_seconds))
+    publish(text, out)
+    if out is not None and full:
+        (out.parent / "reliability-soak.md").write_text(soak.report(soak_result, soak_cmd))
+        (out.parent / "reliability-fuzz.md").write_text(fuzz.report(fuzz_result, fuzz_cmd, fuzz_seconds))
     sys.exit(0 if all(ok for *_, ok in all_rows) else 1)
 
 

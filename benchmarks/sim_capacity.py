@@ -39,6 +39,7 @@ from sim_launch import start_sim_process, stop_sim
 
 from backends.sim.profiles import Profile, Role, load_profile
 from backends.sim.tokenizer import count_chat_tokens
+from benchmarks.output import publish
 
 PROMPT = " ".join(["word"] * 16)
 DONE = b"data: [DONE]"
@@ -260,10 +261,7 @@ def main(out: Path | None, only: tuple[str, ...], workdir: Path) -> None:
         outcomes.append(outcome)
     command = shlex.join(["python", "benchmarks/sim_capacity.py", *sys.argv[1:]])
     text = report(outcomes, command)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    console.print(text)
+    publish(text, out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from sim_launch import start_sim_process, stop_sim
 
 from backends.sim.profiles import BUILTIN_PROFILES, ROLES, Role, load_profile
 from backends.sim.tokenizer import count_tokens
+from benchmarks.output import publish
 
 PROMPT = " ".join(["word"] * 16)
 LEVELS = (1, 2, 8, 32, 128)
@@ -115,10 +116,7 @@ def main(time_scale: float, output_tokens: int, out: Path | None, workdir: Path)
                 )
     lines += ["", f"Largest deviation: {worst:.1%}."]
     text = "\n".join(lines) + "\n"
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    console.print(text)
+    publish(text, out)
 
 
 if __name__ == "__main__":

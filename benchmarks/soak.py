@@ -38,6 +38,7 @@ from loadtest.load import closed_loop
 from loadtest.prompts import PromptFactory
 from loadtest.records import RequestRecord
 from loadtest.stack import Child, free_port, wait_until_ok
+from benchmarks.output import publish
 
 RSS_GROWTH_LIMIT = 0.10
 # Requests the client saw end with an OpenAI error: refused, but not lost.
@@ -285,10 +286,7 @@ def main(requests: int, concurrency: int, output_len: int, time_scale: float, ba
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         result = uvloop.run(run_soak(settings, Path(tmp)))
     text = report(result, command)
-    click.echo(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+    publish(text, out)
     if json_out is not None:
         json_out.write_bytes(orjson.dumps({"settings": settings, "result": result}, option=orjson.OPT_INDENT_2))
     sys.exit(1 if result.failures() else 0)

@@ -27,6 +27,8 @@ import httpx
 import orjson
 import uvloop
 
+from benchmarks.output import publish
+
 Reader = Callable[[int, list[float]], Awaitable[int]]
 
 
@@ -156,9 +158,7 @@ def main() -> None:
     for name, r in results.items():
         lines.append(f"| {name} | {r['cpu_us_per_chunk']:.1f} | {r['latency_p50_ms']:.2f} | {r['latency_p99_ms']:.2f} | {r['round_wall_s']:.2f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":
