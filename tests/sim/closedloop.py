@@ -56,3 +56,16 @@ async def closed_loop(
         requests=sum(count for _, count, _ in results),
         prompt_tokens=results[0][2],
     )
+
+
+async def best_closed_loop(
+    base_url: str, concurrency: int, output_tokens: int, min_seconds: float, *, runs: int = 2
+) -> LoopResult:
+    """The fastest of `runs` closed loops.
+
+    Noise on shared cores only ever slows a sim down (late wake-ups, HTTP work the model does not
+    price, both magnified by small time scales), so the best run is the one closest to the model;
+    a sim faster than its model is a bug at any noise level.
+    """
+    results = [await closed_loop(base_url, concurrency, output_tokens, min_seconds) for _ in range(runs)]
+    return max(results, key=lambda r: r.output_tok_s)

@@ -3,7 +3,8 @@
 Each role of `field-8gpu` is driven closed-loop at concurrency 1, 2, 8 and 32 with a fixed output
 length at time-scale 0.1, and the measured output throughput is compared with
 `Profile.closed_loop_throughput`, which counts the joining (prefill) step of every request and the
-prefill of every cycle. The margin is 10%.
+prefill of every cycle. Noise on shared cores only slows a sim down, so each point is the best of two
+runs and the margin is one-sided: at most 5% above the model, at most 12% below it.
 """
 
 from __future__ import annotations
@@ -11,29 +12,34 @@ from __future__ import annotations
 import pytest
 
 from backends.sim.profiles import load_profile
-from tests.sim.closedloop import closed_loop
+from tests.sim.closedloop import best_closed_loop
 from tests.simproc import SimFactory
 
 TIME_SCALE = 0.1
 OUTPUT_TOKENS = 256
 LEVELS = (1, 2, 8, 32)
+BELOW, ABOVE = 0.88, 1.05
 
 
 @pytest.mark.simtiming
 async def test_field_profile_throughput_matches_model(sims: SimFactory) -> None:
     profile = load_profile("field-8gpu")
+    urls = {
+        role: sims.start("--role", role, "--time-scale", str(TIME_SCALE), "--enable-metrics").url()
+        for role in ("eagle", "plain")
+    }
     measured: dict[tuple[str, int], float] = {}
-    for role in ("eagle", "plain"):
-        sim = sims.start("--role", role, "--time-scale", str(TIME_SCALE), "--enable-metrics")
-        for concurrency in LEVELS:
-            result = await closed_loop(sim.url(), concurrency, OUTPUT_TOKENS, min_seconds=0.8)
+    for concurrency in LEVELS:
+        # Both roles at one level back to back, so they see the same machine.
+        for role, url in urls.items():
+            result = await best_closed_loop(url, concurrency, OUTPUT_TOKENS, min_seconds=0.6)
             modelled = (
                 profile.closed_loop_throughput(role, concurrency, OUTPUT_TOKENS, result.prompt_tokens) / TIME_SCALE
             )
             measured[role, concurrency] = result.output_tok_s
-            assert result.output_tok_s == pytest.approx(modelled, rel=0.10), (role, concurrency, result, modelled)
+            assert BELOW <= result.output_tok_s / modelled <= ABOVE, (role, concurrency, result, modelled)
 
-    assert measured["eagle", 1] > measured["plain", 1]
-    for concurrency in (2, 8, 32):
-        assert measured["eagle", concurrency] < measured["plain", concurrency], concurrency
-    assert measured["plain", 32] >= 1.8 * measured["eagle", 32]
+    assert measured["eagle", 1] > 1.1 * measured["plain", 1]  # modelled 1.21x
+    assert measured["eagle", 2] < measured["plain", 2]  # modelled 0.93x: the crossover
+    assert measured["eagle", 8] < 0.8 * measured["plain", 8]  # modelled 0.60x
+    assert measured["plain", 32] >= 1.8 * measured["eagle", 32]  # modelled 2.02x
