@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from backends.sim.profiles import load_profile
-from tests.sim.closedloop import best_closed_loop, closed_loop
+from tests.sim.closedloop import best_closed_loop
 from tests.simproc import SimFactory
 
 
@@ -19,33 +19,73 @@ def metric_value(text: str, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
+async def step_rates(http: httpx.AsyncClient, load: dict[str, tuple[str, int]], window: float) -> dict[str, float]:
+    """Steps per second of each loaded role while it holds `load[role] = (url, requests)` long requests.
+
+    The requests are far longer than the window (and all fit the KV cache) and are cancelled (an
+    abort) after it, so every step in the window runs the full batch and no client round trip
+    leaves a gap; steps keep to absolute deadlines, so a late wake-up moves a step, not the count.
+    """
+
+    async def hold(url: str) -> None:
+        body = {"model": "m", "prompt": "word " * 16, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        async with http.stream("POST", url + "/v1/completions", json=body) as resp:
+            async for _ in resp.aiter_raw():
+                pass
+
+    async def counts() -> tuple[float, dict[str, float]]:
+        texts = await asyncio.gather(*(http.get(url + "/metrics") for url, _ in load.values()))
+        return asyncio.get_running_loop().time(), {
+            role: metric_value(t.text, "sglang:sim_steps_total") for role, t in zip(load, texts, strict=True)
+        }
+
+    holders = [asyncio.create_task(hold(url)) for url, n in load.values() for _ in range(n)]
+    try:
+        await asyncio.sleep(0.3)  # everyone joined and past the joining step
+        t0, before = await counts()
+        await asyncio.sleep(window)
+        t1, after = await counts()
+    finally:
+        for task in holders:
+            task.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+    for url, _ in load.values():  # aborts have emptied the batch before the next measurement
+        for _ in range(100):
+            if metric_value((await http.get(url + "/metrics")).text, "sglang:num_running_reqs") == 0:
+                break
+            await asyncio.sleep(0.05)
+    return {role: (after[role] - before[role]) / (t1 - t0) for role in load}
+
+
 @pytest.mark.simtiming
 async def test_colocated_roles_slow_each_other(sims: SimFactory) -> None:
     sim = sims.start("--colocated", "--time-scale", "0.2", "--enable-metrics")
     eagle, plain = sim.url("eagle"), sim.url("plain")
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         assert 'pool="eagle"' in (await http.get(eagle + "/metrics")).text
         assert 'pool="plain"' in (await http.get(plain + "/metrics")).text
+        alone_e = (await step_rates(http, {"eagle": (eagle, 4)}, 0.8))["eagle"]
+        alone_p = (await step_rates(http, {"plain": (plain, 32)}, 0.8))["plain"]
+        shared = await step_rates(http, {"eagle": (eagle, 4), "plain": (plain, 32)}, 0.8)
 
-    eagle_alone = await closed_loop(eagle, 4, 128, min_seconds=1.0)
-    plain_alone = await closed_loop(plain, 32, 128, min_seconds=1.0)
-    eagle_shared, plain_shared = await asyncio.gather(
-        closed_loop(eagle, 4, 128, min_seconds=1.0), closed_loop(plain, 32, 128, min_seconds=1.0)
-    )
-    # Steps alternate on the one timeline: each role gets roughly its step's share of the GPU.
     profile = load_profile("field-8gpu")
-    te, tp = profile.eagle.step_ms(4), profile.plain.step_ms(32)
-    assert eagle_shared.output_tok_s / eagle_alone.output_tok_s == pytest.approx(te / (te + tp), abs=0.15)
-    assert plain_shared.output_tok_s / plain_alone.output_tok_s == pytest.approx(tp / (te + tp), abs=0.15)
-    assert eagle_shared.output_tok_s < 0.75 * eagle_alone.output_tok_s
-    assert plain_shared.output_tok_s < 0.75 * plain_alone.output_tok_s
+    te, tp = profile.eagle.step_ms(4) * 0.2 / 1000, profile.plain.step_ms(32) * 0.2 / 1000
+    assert alone_e == pytest.approx(1 / te, rel=0.1) and alone_p == pytest.approx(1 / tp, rel=0.1)
+    # On the one timeline the roles take turns: one step each per round of te + tp.
+    assert shared["eagle"] == pytest.approx(shared["plain"], rel=0.05)
+    assert shared["eagle"] == pytest.approx(1 / (te + tp), rel=0.1)
+    assert shared["eagle"] / alone_e == pytest.approx(te / (te + tp), abs=0.08)
+    assert shared["plain"] / alone_p == pytest.approx(tp / (te + tp), abs=0.08)
 
 
 @pytest.mark.simtiming
 async def test_adaptive_role_drafts_at_low_batch_and_pays_the_tax_when_off(sims: SimFactory) -> None:
     profile = load_profile("field-8gpu")
-    adaptive = sims.start("--role", "adaptive", "--time-scale", "0.1", "--enable-metrics").url()
-    plain = sims.start("--role", "plain", "--time-scale", "0.1").url()
+    # Time scale 0.5: at concurrency 1 each request's round trip is a gap in the closed loop, and
+    # at 0.1 a contended machine's few ms of it would be a tenth of the request.
+    scale, tokens = 0.5, 128
+    adaptive = sims.start("--role", "adaptive", "--time-scale", str(scale), "--enable-metrics").url()
+    plain = sims.start("--role", "plain", "--time-scale", str(scale)).url()
     async with httpx.AsyncClient() as http:
         info = (await http.get(adaptive + "/server_info")).json()
     assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_adaptive"] is True
@@ -53,20 +93,20 @@ async def test_adaptive_role_drafts_at_low_batch_and_pays_the_tax_when_off(sims:
 
     async def run(concurrency: int) -> tuple[float, float, float]:
         """Adaptive throughput (best of two, at time scale 1), its draft steps mid-run, plain's throughput."""
-        loop = asyncio.create_task(best_closed_loop(adaptive, concurrency, 256, min_seconds=0.6))
+        loop = asyncio.create_task(best_closed_loop(adaptive, concurrency, tokens, min_seconds=0.6))
         await asyncio.sleep(0.25)
         async with httpx.AsyncClient() as http:
             steps = metric_value((await http.get(adaptive + "/metrics")).text, "sglang:spec_num_steps")
-        mine = (await loop).output_tok_s * 0.1
-        return mine, steps, (await best_closed_loop(plain, concurrency, 256, min_seconds=0.6)).output_tok_s * 0.1
+        mine = (await loop).output_tok_s * scale
+        return mine, steps, (await best_closed_loop(plain, concurrency, tokens, min_seconds=0.6)).output_tok_s * scale
 
     # Noise only slows a sim: at most 5% above its model, at most 12% below.
     low, low_steps, low_plain = await run(1)
     assert low_steps == 3
-    assert 0.88 <= low / profile.closed_loop_throughput("adaptive", 1, 256, 16) <= 1.05
+    assert 0.88 <= low / profile.closed_loop_throughput("adaptive", 1, tokens, 16) <= 1.05
     assert low > 1.1 * low_plain  # modelled 1.21x: drafting pays
 
     high, high_steps, high_plain = await run(8)
     assert high_steps == 0  # past adaptive_off_batch (3): no drafting
-    assert 0.88 <= high / profile.closed_loop_throughput("adaptive", 8, 256, 16) <= 1.05
+    assert 0.88 <= high / profile.closed_loop_throughput("adaptive", 8, tokens, 16) <= 1.05
     assert high < 0.98 * high_plain  # modelled 0.93x: the draft model's cost stays
