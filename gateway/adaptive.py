@@ -10,8 +10,9 @@ Rules, in order, each with its own reason label:
    speculates (calibration.md's shape: speculation pays at batch 1), an idle unfitted backend gets
    the request so it is measured, everything else goes to plain decode.
 3. `adaptive_explore`: a backend that received nothing in the last `probe_every` decisions gets one
-   request, but only while it is idle, so a probe costs at most one request's slowdown and never
-   disturbs a busy server.
+   request, but only while it is idle, so a probe never disturbs a busy server. A probe whose
+   response agrees with the fit, or could not be used, doubles that backend's interval (up to
+   `PROBE_BACKOFF_LIMIT` times `probe_every`); a surprising one, a re-learn or an outage resets it.
 4. `adaptive_slo` (only with a TPOT target, when no backend can take the request within it): the
    backend where it pushes the fewest requests over the target.
 5. `adaptive_cap`: EAGLE would be faster but already has `eagle_cap` requests.
@@ -49,6 +50,13 @@ SPEC_PRIOR_WEIGHT = 1.0
 # Co-located: a response counts only if the other server had at most this many requests in flight
 # on average while it decoded.
 SHARED_TOLERANCE = 0.25
+# A probe costs one request's slowdown when partitioned, but co-located its steps slow every request
+# on the other server for as long as it decodes (12% of a level's throughput on llama8b-h100 at
+# C=32, docs/adaptive.md), and traffic that arrives meanwhile makes its response unusable. Probes
+# that teach nothing new therefore back off exponentially, to at most this many intervals.
+PROBE_BACKOFF_LIMIT = 16
+# A probe "agrees" when its TPOT is within this share of the fit's prediction.
+PROBE_AGREEMENT = 0.15
 
 
 @dataclass
@@ -56,13 +64,20 @@ class _Arm:
     """What the policy keeps per backend."""
 
     estimator: TpotEstimator
+    probe_interval: int  # decisions without traffic after which it is probed (backs off)
     speculative: bool | None = None  # learned from the first snapshot that lists the backend
     since_routed: int = 0  # decisions since it last received a request
     was_available: bool = False
     shared_skipped: int = 0  # co-located: responses not used because the other server was busy
+    probe_pending: bool = False  # a probe was sent; its response (the next one seen) judges it
 
     def describe(self) -> dict[str, Any]:
-        return {"speculative": self.speculative, **self.estimator.describe(), "shared_skipped": self.shared_skipped}
+        return {
+            "speculative": self.speculative,
+            **self.estimator.describe(),
+            "shared_skipped": self.shared_skipped,
+            "probe_interval": self.probe_interval,
+        }
 
 
 class AdaptivePolicy(Policy):
@@ -124,7 +139,10 @@ class AdaptivePolicy(Policy):
                 plain = view
         e, p = self._arm(spec, True), self._arm(plain, False)
         decision = self._decide(spec, plain, e, p)
-        if decision.backend == spec.name:
+        chosen = e if decision.backend == spec.name else p
+        if decision.reason == "adaptive_explore" and chosen.estimator.fitted:
+            chosen.probe_pending = True  # a probe of a known backend, not a cold-start measurement
+        if chosen is e:
             e.since_routed, p.since_routed = 0, p.since_routed + 1
         else:
             e.since_routed, p.since_routed = e.since_routed + 1, 0
@@ -136,13 +154,22 @@ class AdaptivePolicy(Policy):
             return
         arm = self._arms.get(completion.backend)
         if arm is None:  # a forced route can finish before the policy ever routed there
-            arm = self._arms[completion.backend] = _Arm(TpotEstimator(self.estimator))
+            arm = self._arms[completion.backend] = self._new_arm()
         if self.colocated and completion.mean_pool_inflight - completion.mean_inflight > SHARED_TOLERANCE:
             # The other server decoded meanwhile and its steps were interleaved with this one's
             # on the shared GPU: this TPOT is not what this server costs on its own.
             arm.shared_skipped += 1
+            if arm.probe_pending:
+                self._judge_probe(arm, taught_nothing=True)
             return
-        arm.estimator.observe(completion.mean_inflight, completion.decode_seconds / tokens, tokens)
+        n, tpot = completion.mean_inflight, completion.decode_seconds / tokens
+        if arm.probe_pending:
+            self._judge_probe(arm, taught_nothing=abs(tpot / arm.estimator.predict(n) - 1.0) <= PROBE_AGREEMENT)
+        relearns = arm.estimator.relearns
+        arm.estimator.observe(n, tpot, tokens)
+        if arm.estimator.relearns > relearns:  # this backend changed: the comparison is open again
+            for each in self._arms.values():
+                each.probe_interval = self.probe_every
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -193,18 +220,29 @@ class AdaptivePolicy(Policy):
             return math.inf
         return gap / slope_gap
 
+    def _new_arm(self) -> _Arm:
+        return _Arm(TpotEstimator(self.estimator), probe_interval=self.probe_every)
+
     def _arm(self, view: BackendView, speculative: bool) -> _Arm:
         arm = self._arms.get(view.name)
         if arm is None:
-            arm = self._arms[view.name] = _Arm(TpotEstimator(self.estimator))
+            arm = self._arms[view.name] = self._new_arm()
         arm.speculative = speculative
         if view.available and not arm.was_available and arm.estimator.fitted:
             # Back after an outage (a restart, maybe with other settings): re-learn fast from
             # the old fit, and measure it at the next idle moment.
             arm.estimator.forget(self.estimator.relearn_keep)
-            arm.since_routed = self.probe_every
+            arm.probe_interval = arm.since_routed = self.probe_every
         arm.was_available = view.available
         return arm
+
+    def _judge_probe(self, arm: _Arm, *, taught_nothing: bool) -> None:
+        """Back the backend's probe interval off after a probe that taught nothing, else reset it."""
+        arm.probe_pending = False
+        if taught_nothing:
+            arm.probe_interval = min(2 * arm.probe_interval, PROBE_BACKOFF_LIMIT * self.probe_every)
+        else:
+            arm.probe_interval = self.probe_every
 
     def _spec_factor(self, arm: _Arm) -> float:
         return 1.0 - SPEC_PRIOR * SPEC_PRIOR_WEIGHT / (SPEC_PRIOR_WEIGHT + arm.estimator.evidence)
@@ -227,9 +265,9 @@ class AdaptivePolicy(Policy):
             if not e.estimator.fitted and probe_e:
                 return Decision(spec.name, "adaptive_explore")
             return Decision(plain.name, "adaptive_prior")
-        if p.since_routed >= self.probe_every and probe_p:
+        if p.since_routed >= p.probe_interval and probe_p:
             return Decision(plain.name, "adaptive_explore")
-        if e.since_routed >= self.probe_every and probe_e:
+        if e.since_routed >= e.probe_interval and probe_e:
             return Decision(spec.name, "adaptive_explore")
         x_e, x_p = (n_e + n_p + 1, n_e + n_p + 1) if self.colocated else (n_e + 1, n_p + 1)
         pred_e = e.estimator.predict(x_e) * self._spec_factor(e)

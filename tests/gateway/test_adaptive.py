@@ -207,6 +207,62 @@ def test_colocated_probes_only_when_the_whole_gpu_is_idle() -> None:
     assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
 
 
+def decisions_until_probe(policy: AdaptivePolicy, limit: int = 10_000) -> int:
+    """Decisions at a load where plain is idle and slower (llama lines) until plain is probed."""
+    for count in range(1, limit + 1):
+        if policy.choose(snap(3, 0)) == Decision("plain", "adaptive_explore"):
+            return count
+    raise AssertionError(f"no probe in {limit} decisions")
+
+
+def test_probes_that_agree_back_off_and_a_surprise_resets_them() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, probe_every=10)
+    for arm in policy._arms.values():
+        arm.since_routed = 0
+    gaps = []
+    for _ in range(6):
+        gaps.append(decisions_until_probe(policy))
+        policy.observe(completion("plain", LLAMA_PLAIN, 1))  # the probe: exactly as fitted
+    # Each agreeing probe doubles the wait, up to 16 intervals (each gap includes the probe).
+    assert gaps == [11, 21, 41, 81, 161, 161]
+    assert policy.beliefs()["backends"]["plain"]["probe_interval"] == 160
+    # A probe that finds plain 40% faster than believed: back to probing every 10 decisions.
+    decisions_until_probe(policy)
+    policy.observe(completion("plain", Fit(LLAMA_PLAIN.alpha * 0.6, LLAMA_PLAIN.beta), 1))
+    assert decisions_until_probe(policy) == 11
+
+
+def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)
+    steady(policy, 3, 0)
+    for _ in range(10):
+        policy.choose(snap(3, 0))
+    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+    # EAGLE got busy while the probe decoded: its TPOT is not plain's own, and it taught nothing.
+    policy.observe(completion("plain", Fit(LLAMA_PLAIN.alpha * 3, LLAMA_PLAIN.beta), 1, others=20))
+    plain = policy.beliefs()["backends"]["plain"]
+    assert plain["shared_skipped"] == 1 and plain["probe_interval"] == 20
+    for _ in range(20):
+        assert policy.choose(snap(0, 0)).backend == "eagle"
+    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+
+
+def test_a_relearn_or_an_outage_resets_the_probe_interval() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, probe_every=10)
+    for arm in policy._arms.values():
+        arm.probe_interval = 160
+    # EAGLE's acceptance drops (TPOT +50%): once its fit re-learns, plain is worth checking again.
+    slower = Fit(LLAMA_EAGLE.alpha * 1.5, LLAMA_EAGLE.beta * 1.5)
+    for i in range(100):
+        policy.observe(completion("eagle", slower, 1 + i % 16))
+    assert policy._arms["eagle"].estimator.relearns == 1
+    assert {arm.probe_interval for arm in policy._arms.values()} == {10}
+    policy._arms["plain"].probe_interval = 160
+    policy.choose(snap(5, 0, plain_up=False))
+    policy.choose(snap(5, 0))
+    assert policy._arms["plain"].probe_interval == 10
+
+
 def test_colocated_cold_start_measures_each_server_alone() -> None:
     policy = AdaptivePolicy(colocated=True)
     assert policy.choose(snap(0, 0)) == Decision("eagle", "adaptive_prior")
