@@ -74,7 +74,10 @@ class PolicyConfig(_Section):
         default=None, gt=0, description="adaptive: target TPOT; when no backend meets it, least harm to the target"
     )
     adaptive_probe_every: int = Field(
-        default=200, ge=1, description="adaptive: an idle backend unused for this many decisions gets one probe"
+        default=200,
+        ge=1,
+        description="adaptive: an idle backend unused for this many decisions gets one probe "
+        "(backs off up to 16x while probes confirm the fit)",
     )
     adaptive_half_life: float = Field(
         default=200.0, gt=0, description="adaptive: observations until old TPOT evidence counts half"
