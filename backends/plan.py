@@ -53,6 +53,8 @@ class Endpoint:
     url: str
     speculative: bool
     served_model_name: str | None
+    # Backends of one group share GPUs (their steps take turns); partitioned servers are groups of one.
+    group: str
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ def _sglang_process(launch: LaunchConfig, server: ResolvedServer) -> ProcessSpec
         url=server.url,
         speculative=args.speculative is not None,
         served_model_name=launch.served_model_name or launch.model_path,
+        group=_group_of(launch, server.role),
     )
     return ProcessSpec(name=server.role, argv=sglang_argv(launch.python, args), env=env, endpoints=(endpoint,))
 
@@ -111,7 +114,13 @@ def _sglang_process(launch: LaunchConfig, server: ResolvedServer) -> ProcessSpec
 def _sim_processes(launch: LaunchConfig, servers: dict[str, ResolvedServer]) -> tuple[ProcessSpec, ...]:
     eagle, plain = servers[EAGLE], servers[PLAIN]
     endpoints = {
-        role: Endpoint(backend=role, url=s.url, speculative=role == EAGLE, served_model_name=launch.served_model_name)
+        role: Endpoint(
+            backend=role,
+            url=s.url,
+            speculative=role == EAGLE,
+            served_model_name=launch.served_model_name,
+            group=_group_of(launch, role),
+        )
         for role, s in servers.items()
     }
     if launch.topology == COLOCATED:
@@ -143,6 +152,11 @@ def _sim_processes(launch: LaunchConfig, servers: dict[str, ResolvedServer]) -> 
             ProcessSpec(name=server.role, argv=argv, env=dict(server.env), endpoints=(endpoints[server.role],))
         )
     return tuple(processes)
+
+
+def _group_of(launch: LaunchConfig, role: str) -> str:
+    """Co-located servers form one group ("g0"); a partitioned server is a group of its own."""
+    return "g0" if launch.topology == COLOCATED else role
 
 
 def _sim_argv(launch: LaunchConfig, placement: tuple[str, ...]) -> tuple[str, ...]:
