@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from backends.process import Child, ProcessExited, run_blocking
+
 PROBE_TIMEOUT = 5.0
 FIRST_INTERVAL = 0.1
 MAX_INTERVAL = 1.0
@@ -64,21 +66,48 @@ async def probe_ready(session: aiohttp.ClientSession, url: str, headers: dict[st
 async def wait_ready(
     session: aiohttp.ClientSession,
     url: str,
-    headers: dict[str, str],
-    on_change: Callable[[Probe], None],
+    headers: dict[str, str] | None = None,
+    on_change: Callable[[Probe], None] | None = None,
+    *,
+    child: Child | None = None,
 ) -> None:
-    """Probe until `/ready` answers 200; `on_change` hears each new stage. No timeout of its own."""
+    """Probe until `url`/ready answers 200; `on_change` hears each new stage. No timeout of its own.
+
+    With `child`, raises ProcessExited (with its last output) as soon as that process has ended.
+    """
     interval = FIRST_INTERVAL
     last: Stage | None = None
     while True:
-        probe = await probe_ready(session, url, headers)
+        probe = await probe_ready(session, url, headers or {})
         if probe.stage != last:
             last = probe.stage
-            on_change(probe)
+            if on_change is not None:
+                on_change(probe)
         if probe.stage is Stage.READY:
             return
         if probe.stage is Stage.REJECTED:
             raise RejectedError(f"{url}/ready answers {probe.detail}: check launch.backend_api_key")
+        if child is not None and not child.running:
+            raise ProcessExited(
+                f"{child.name} exited with status {child.returncode} before {url} was ready; "
+                f"its last output:\n{child.last_lines()}"
+            )
         await asyncio.sleep(interval)
         # Fast at first (the simulator is up in well under a second), then 1/s for a model load.
         interval = min(interval * 1.5, MAX_INTERVAL)
+
+
+async def wait_until_ready(url: str, child: Child, timeout: float, headers: dict[str, str] | None = None) -> None:
+    """`wait_ready` on a session of its own, for at most `timeout` s, while `child` (the server) runs."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            await asyncio.wait_for(wait_ready(session, url, headers, child=child), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{url} not ready after {timeout:g} s; {child.name}'s last output:\n{child.last_lines()}"
+            ) from None
+
+
+def wait_until_ready_blocking(url: str, child: Child, timeout: float) -> None:
+    """`wait_until_ready` for synchronous callers (test fixtures, benchmark scripts)."""
+    run_blocking(wait_until_ready(url, child, timeout))

@@ -8,11 +8,11 @@ split), so the plan, its warnings and `specgate plan` all see the same numbers.
 from __future__ import annotations
 
 import math
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.config import LaunchConfig
+from backends.process import free_loopback_port
 from backends.sim.profiles import ProfileError, load_profile
 
 EAGLE = "eagle"
@@ -28,13 +28,6 @@ COLOCATED_MEM_SHARE = {EAGLE: 0.3, PLAIN: 0.5}
 
 class PlanError(ValueError):
     """The configuration cannot produce a runnable plan."""
-
-
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def eagle_running_limit(eagle_cap: int) -> int:

@@ -11,18 +11,21 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from typing import Any
 
 import aiohttp
 
-from backends.child import Child
-from backends.plan import Endpoint, LaunchPlan
+from backends.plan import Endpoint, LaunchPlan, ProcessSpec, redact_argv
+from backends.process import Child
 from backends.readiness import Probe, RejectedError, Stage, wait_ready
 from backends.startup_display import StartupDisplay
 
 log = logging.getLogger("specgate.supervisor")
+# A backend's own story (its command line, then its output from backends.process) has a logger of its own.
+backend_log = logging.getLogger("specgate.backend")
 
 
 class SupervisorError(RuntimeError):
@@ -55,7 +58,8 @@ class Supervisor:
         self._on_restart = on_restart
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._progress = sys.stderr.isatty() if progress is None else progress
-        self._children = [Child(spec) for spec in plan.processes]
+        self._specs = {spec.name: spec for spec in plan.processes}
+        self._children = [Child(spec.name, spec.argv, env=spec.env) for spec in plan.processes]
         self._backoff = {child.name: backoff_initial for child in self._children}
         self._restarts = {endpoint.backend: 0 for endpoint in plan.endpoints}
         self._session: aiohttp.ClientSession | None = None
@@ -70,7 +74,7 @@ class Supervisor:
     @property
     def pids(self) -> dict[str, int]:
         """The pid of each running process, by process name."""
-        return {c.name: c.proc.pid for c in self._children if c.proc is not None and c.running}
+        return {c.name: c.pid for c in self._children if c.running}
 
     async def start(self) -> None:
         """Start every process and return once every endpoint is ready.
@@ -103,7 +107,7 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(child.terminate(self._stop_timeout) for child in self._children))
+        await asyncio.gather(*(child.stop(self._stop_timeout) for child in self._children))
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -114,13 +118,13 @@ class Supervisor:
         return StartupDisplay([e.backend for e in self._plan.endpoints])
 
     async def _start_one(self, child: Child, display: StartupDisplay | None) -> None:
+        spec = self._specs[child.name]
         try:
-            await child.spawn()
+            self._spawn(child, spec)
         except OSError as exc:
-            raise SupervisorError(f"cannot start {child.name} ({child.spec.argv[0]}): {exc}") from exc
-        assert child.proc is not None
-        ready: asyncio.Future[Any] = asyncio.gather(*(self._wait_endpoint(e, display) for e in child.spec.endpoints))
-        exited: asyncio.Future[Any] = asyncio.ensure_future(child.proc.wait())
+            raise SupervisorError(f"cannot start {child.name} ({spec.argv[0]}): {exc}") from exc
+        ready: asyncio.Future[Any] = asyncio.gather(*(self._wait_endpoint(e, display) for e in spec.endpoints))
+        exited: asyncio.Future[Any] = asyncio.ensure_future(child.wait())
         try:
             done, _ = await asyncio.wait(
                 [ready, exited], timeout=self._startup_timeout, return_when=asyncio.FIRST_COMPLETED
@@ -139,6 +143,11 @@ class Supervisor:
             reason = f"not ready after {self._startup_timeout:g} s (launch.startup_timeout)"
         await child.clear_group()
         raise SupervisorError(f"backend process {child.name} {reason}; its last output:\n{child.last_lines()}")
+
+    @staticmethod
+    def _spawn(child: Child, spec: ProcessSpec) -> None:
+        backend_log.info("[%s] starting: %s", child.name, " ".join(redact_argv(spec.argv)))
+        child.start()
 
     async def _wait_endpoint(self, endpoint: Endpoint, display: StartupDisplay | None) -> None:
         assert self._session is not None
@@ -162,11 +171,9 @@ class Supervisor:
 
     async def _keep_alive(self, child: Child) -> None:
         """Restart `child` whenever it exits, with exponential backoff, until stop()."""
-        loop = asyncio.get_running_loop()
         while True:
-            assert child.proc is not None
-            code = await child.proc.wait()
-            uptime = loop.time() - child.started_at
+            code = await child.wait()
+            uptime = time.monotonic() - child.started_at
             # A crash of the launcher can leave its schedulers holding GPU memory: clear the group.
             await child.clear_group()
             if uptime >= self._stable_after:
@@ -186,12 +193,12 @@ class Supervisor:
             self._backoff[child.name] = min(delay * 2, self._backoff_max)
             await asyncio.sleep(delay)
             try:
-                await child.spawn()
+                self._spawn(child, self._specs[child.name])
             except OSError as exc:
                 log.error("[%s] cannot start: %s; next try in %.1f s", child.name, exc, self._backoff[child.name])
                 continue
             break
-        for endpoint in child.spec.endpoints:
+        for endpoint in self._specs[child.name].endpoints:
             self._restarts[endpoint.backend] += 1
             if self._on_restart is not None:
                 try:

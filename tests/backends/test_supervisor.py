@@ -23,7 +23,7 @@ import aiohttp
 import psutil
 import pytest
 
-from backends.child import Child
+from backends.process import Child
 from backends.config import LaunchConfig
 from backends.plan import LaunchPlan, ProcessSpec, build_plan
 from backends.supervisor import Supervisor, SupervisorError
@@ -250,14 +250,13 @@ async def test_a_crashed_leader_is_detected_even_while_its_group_lingers(supervi
 
 async def test_sigkill_after_stop_timeout_when_sigterm_is_ignored() -> None:
     script = 'trap "" TERM; echo trapped; sleep 600 & wait'
-    child = Child(ProcessSpec(name="stubborn", argv=("sh", "-c", script), env={}, endpoints=()))
-    await child.spawn()
+    child = Child("stubborn", ["sh", "-c", script])
+    child.start()
     try:
         await eventually(lambda: "trapped" in child.tail)
-        await child.terminate(timeout=0.5)
-        assert child.proc is not None and child.proc.returncode == -signal.SIGKILL
+        assert await child.stop(grace=0.5) == -signal.SIGKILL
     finally:
-        child.kill_group(signal.SIGKILL)
+        child.signal_group(signal.SIGKILL)
     assert own_descendants() == []
 
 
