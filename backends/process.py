@@ -198,7 +198,7 @@ class Child:
     def note_descendants(self) -> None:
         """Remember every process below this one now, so that a stop also ends those that left its group."""
         if self.running:
-            self._descendants.update(_descendants(self.pid))
+            self._descendants.update(descendants(self.pid))
 
     async def wait(self) -> int:
         """Wait, without blocking the event loop, until the process exits; its exit status."""
@@ -217,7 +217,7 @@ class Child:
         except subprocess.TimeoutExpired:
             return None
 
-    async def stop(self, grace: float) -> int | None:
+    async def stop(self, grace: float = 20.0) -> int | None:
         """SIGTERM the group, SIGKILL it if the process outlives `grace` s, then clear what is left.
 
         Returns the exit status (None if it was never started). Idempotent.
@@ -288,8 +288,11 @@ def _start_time(pid: int) -> str | None:
     return fields[19] if fields else None  # field 22 of proc(5), counted after the command name
 
 
-def _descendants(pid: int) -> dict[int, str]:
-    """Every live process below `pid` (pid -> start time), read from /proc (Linux; elsewhere none)."""
+def descendants(pid: int) -> dict[int, str]:
+    """Every live process below `pid`, as pid -> its start time (a reused pid has another), from /proc.
+
+    Linux only; elsewhere it finds none.
+    """
     children: dict[int, list[int]] = {}
     starts: dict[int, str] = {}
     with contextlib.suppress(OSError):

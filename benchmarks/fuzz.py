@@ -35,7 +35,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, seed, settings, strategies
 from schemathesis import GenerationMode
 
-from tests.gatewayproc import start_gateway
+from backends.testbed import start_gateway
 from benchmarks.output import publish
 
 HANG_SECONDS = 20.0  # no answer and no close within this is a hang

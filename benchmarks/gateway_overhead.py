@@ -16,7 +16,6 @@ import asyncio
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,13 +27,8 @@ import orjson
 import psutil
 import uvloop
 
+from backends.process import free_loopback_port
 from benchmarks.output import publish
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -115,7 +109,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    src_port, gw_port = _free_port(), _free_port()
+    src_port, gw_port = free_loopback_port(), free_loopback_port()
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gw.toml"

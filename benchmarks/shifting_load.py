@@ -35,13 +35,14 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from backends.process import Child  # noqa: E402
+from backends.readiness import wait_until_ready  # noqa: E402
 from backends.sim.profiles import load_profile  # noqa: E402
 from loadtest.client import TargetClient, TargetOptions, open_session, served_model  # noqa: E402
 from loadtest.envelope import Ports, StackSettings, gateway_config, specgate_executable  # noqa: E402
 from loadtest.load import closed_loop, open_loop  # noqa: E402
 from loadtest.prompts import PromptFactory  # noqa: E402
 from loadtest.records import RequestRecord, RequestSpec  # noqa: E402
-from loadtest.stack import Child, wait_until_ok  # noqa: E402
 from loadtest.stats import request_tpot  # noqa: E402
 from loadtest.timescale import CHUNK_BUDGET, MIN_SCALE  # noqa: E402
 
@@ -112,17 +113,17 @@ class Stack:
         work.mkdir(parents=True, exist_ok=True)
         self.config_path = work / "specgate.toml"
         self.config_path.write_text(tomli_w.dumps(self.config))
-        self.child = Child("gateway", [specgate_executable(), "serve", "--config", str(self.config_path)], work / "gateway.log")
+        self.child = Child("gateway", [specgate_executable(), "serve", "--config", str(self.config_path)], log_path=work / "gateway.log")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.ports.gateway}"
 
     async def __aenter__(self) -> Stack:
-        await self.child.start()
+        self.child.start()
         try:
             for port in (self.ports.eagle, self.ports.plain, self.ports.gateway):
-                await wait_until_ok(f"http://127.0.0.1:{port}/ready", self.child, STARTUP_TIMEOUT)
+                await wait_until_ready(f"http://127.0.0.1:{port}", self.child, STARTUP_TIMEOUT)
             await self._both_ready()
         except BaseException:
             await self.child.stop()
@@ -141,7 +142,7 @@ class Stack:
                 if all(b["state"] == "ready" for b in status["backends"]):
                     return
                 await asyncio.sleep(0.2)
-        raise RuntimeError(f"the gateway never saw both backends ready:\n{self.child.log_tail()}")
+        raise RuntimeError(f"the gateway never saw both backends ready:\n{self.child.last_lines()}")
 
     async def status(self) -> dict[str, Any]:
         async with aiohttp.ClientSession() as session, session.get(self.url + "/admin/status") as resp:

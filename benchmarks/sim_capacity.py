@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import subprocess
 import sys
 import time
 import urllib.request
@@ -35,10 +34,10 @@ import psutil
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
-from sim_launch import start_sim_process, stop_sim
 
 from backends.sim.profiles import Profile, Role, load_profile
 from backends.sim.tokenizer import count_chat_tokens
+from backends.testbed import SimHandle, start_sim
 from benchmarks.output import publish
 
 PROMPT = " ".join(["word"] * 16)
@@ -88,9 +87,9 @@ def steps_per_request(profile: Profile, role: Role, batch: int, output_tokens: i
     return 1 + (output_tokens - 1) / profile.role(role).tokens_per_step(batch)
 
 
-def start_sim(scenario: Scenario, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_scenario_sim(scenario: Scenario, log: Path) -> SimHandle:
     args = ["--role", scenario.role, "--profile", scenario.profile, "--time-scale", str(scenario.time_scale)]
-    return start_sim_process([*args, "--enable-metrics"], log)
+    return start_sim(*args, "--enable-metrics", timeout=30, log_path=log)
 
 
 def read_slip(url: str) -> tuple[float, float]:
@@ -150,9 +149,10 @@ def measure(scenario: Scenario, workdir: Path) -> Outcome:
     profile = load_profile(scenario.profile)
     batch = min(scenario.concurrency, profile.role(scenario.role).max_running_requests)
     log = workdir / f"sim-{scenario.profile}-{scenario.role}-{scenario.concurrency}-x{scenario.time_scale:g}.log"
-    proc, url = start_sim(scenario, log)
+    handle = start_scenario_sim(scenario, log)
+    url = handle.url()
     try:
-        sim = psutil.Process(proc.pid)
+        sim = psutil.Process(handle.pid)
         slip0, steps0 = read_slip(url)
         cpu0, wall0 = sim.cpu_times(), time.monotonic()
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -160,7 +160,7 @@ def measure(scenario: Scenario, workdir: Path) -> Outcome:
         cpu1, wall1 = sim.cpu_times(), time.monotonic()
         slip1, steps1 = read_slip(url)
     finally:
-        stop_sim(proc)
+        handle.stop(timeout=15)
     steps = steps_per_request(profile, scenario.role, batch, scenario.output_tokens)
     prompt_tokens = count_chat_tokens([PROMPT])
     modelled = (

@@ -15,42 +15,20 @@ from __future__ import annotations
 import asyncio
 import shlex
 import sys
-import time
 from pathlib import Path
 
-import aiohttp
 import click
-import orjson
 import uvloop
 from rich.console import Console
-from sim_launch import start_sim_process, stop_sim
 
 from backends.sim.profiles import BUILTIN_PROFILES, ROLES, Role, load_profile
 from backends.sim.tokenizer import count_tokens
+from backends.testbed import start_sim
 from benchmarks.output import publish
+from loadtest.steady_rate import PROMPT_16 as PROMPT
+from loadtest.steady_rate import closed_loop
 
-PROMPT = " ".join(["word"] * 16)
 LEVELS = (1, 2, 8, 32, 128)
-
-
-async def closed_loop(url: str, concurrency: int, output_tokens: int, min_seconds: float) -> float:
-    """Output tok/s of `concurrency` clients sending non-streaming completions back to back."""
-    body = orjson.dumps({"model": "m", "prompt": PROMPT, "max_tokens": output_tokens, "ignore_eos": True})
-    headers = {"content-type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        start = time.monotonic()
-
-        async def client() -> float:
-            tokens = 0
-            while True:
-                async with session.post(url + "/v1/completions", data=body, headers=headers) as resp:
-                    resp.raise_for_status()
-                    tokens += orjson.loads(await resp.read())["usage"]["completion_tokens"]
-                now = time.monotonic()
-                if now - start >= min_seconds:
-                    return tokens / (now - start)
-
-        return sum(await asyncio.gather(*(client() for _ in range(concurrency))))
 
 
 def levels_for(cap: int) -> list[int]:
@@ -65,16 +43,17 @@ def measure(
     """(concurrency, modelled tok/s, measured tok/s) per level, at time-scale 1."""
     profile = load_profile(profile_name)
     log = workdir / f"fidelity-{profile_name}-{role}.log"
-    proc, url = start_sim_process(["--role", role, "--profile", profile_name, "--time-scale", str(time_scale)], log)
+    sim = start_sim("--role", role, "--profile", profile_name, "--time-scale", str(time_scale), timeout=30, log_path=log)
     rows = []
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             for concurrency in levels_for(profile.role(role).max_running_requests):
-                measured = runner.run(closed_loop(url, concurrency, output_tokens, min_seconds=1.0)) * time_scale
+                loop = runner.run(closed_loop(sim.url(), concurrency, output_tokens, min_seconds=1.0))
+                measured = loop.output_tok_s * time_scale
                 modelled = profile.closed_loop_throughput(role, concurrency, output_tokens, count_tokens(PROMPT))
                 rows.append((concurrency, modelled, measured))
     finally:
-        stop_sim(proc)
+        sim.stop(timeout=15)
     return rows
 
 

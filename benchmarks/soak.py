@@ -33,12 +33,13 @@ import psutil
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
+from backends.process import Child, free_loopback_port
+from backends.readiness import wait_until_ready
+from benchmarks.output import publish
 from loadtest.client import TargetClient, TargetOptions, open_session, served_model
 from loadtest.load import closed_loop
 from loadtest.prompts import PromptFactory
 from loadtest.records import RequestRecord
-from loadtest.stack import Child, free_port, wait_until_ok
-from benchmarks.output import publish
 
 RSS_GROWTH_LIMIT = 0.10
 # Requests the client saw end with an OpenAI error: refused, but not lost.
@@ -169,15 +170,15 @@ async def _metric(session: aiohttp.ClientSession, url: str, name: str, **labels:
 
 async def run_soak(settings: SoakSettings, log_dir: Path) -> SoakResult:
     """Start `specgate serve` (with its own simulated backends), soak it, stop everything it started."""
-    port = free_port()
+    port = free_loopback_port()
     gateway = Child(
-        "specgate", [sys.executable, "-m", "gateway", "serve", "--port", str(port)], log_dir / "gateway.log", _gateway_env(settings)
+        "specgate", [sys.executable, "-m", "gateway", "serve", "--port", str(port)], log_path=log_dir / "gateway.log", env=_gateway_env(settings)
     )
     url = f"http://127.0.0.1:{port}"
     result = SoakResult(settings)
-    await gateway.start()
+    gateway.start()
     try:
-        await wait_until_ok(url + "/ready", gateway, timeout=90)
+        await wait_until_ready(url, gateway, timeout=90)
         proc = psutil.Process(gateway.pid)
         async with open_session(settings.concurrency + 8, settings.timeout) as session:
             model = await served_model(session, url, None)

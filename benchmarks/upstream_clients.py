@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,15 +26,10 @@ import httpx
 import orjson
 import uvloop
 
+from backends.process import free_loopback_port
 from benchmarks.output import publish
 
 Reader = Callable[[int, list[float]], Awaitable[int]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _consume(buffer: bytes, latencies: list[float]) -> tuple[bytes, int]:
@@ -130,7 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    port = _free_port()
+    port = free_loopback_port()
     source = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(port), "--step", str(args.step)],
         stdout=subprocess.PIPE, start_new_session=True,

@@ -20,12 +20,13 @@ import tomli_w
 import uvloop
 from rich.console import Console
 
+from backends.process import Child
+from backends.readiness import wait_until_ready
 from loadtest.envelope import Ports, StackSettings, gateway_config, specgate_executable
 from loadtest.monitor import CpuMeter, descendants
 from loadtest.progress import PlainProgress
 from loadtest.report import sim_lateness
 from loadtest.slip import SlipProbe
-from loadtest.stack import Child, wait_until_ok
 from loadtest.sweep import Level, RequestsPerLevel, Sweep, SweepSettings, Target
 from loadtest.timescale import chunk_rate, profile_for
 
@@ -38,14 +39,14 @@ async def _one_scale(scale: float, concurrency: int, rounds: int, output_len: in
     ports = Ports.pick("partitioned")
     config = work / f"scale-{scale:g}.toml"
     config.write_text(tomli_w.dumps(gateway_config(stack, ports)))
-    gateway = Child("gateway", [specgate_executable(), "serve", "--config", str(config)], work / f"gateway-{scale:g}.log")
+    gateway = Child("gateway", [specgate_executable(), "serve", "--config", str(config)], log_path=work / f"gateway-{scale:g}.log")
     targets = [Target("plain", f"http://127.0.0.1:{ports.plain}"), Target("specgate", f"http://127.0.0.1:{ports.gateway}")]
     settings = SweepSettings(levels=(Level(concurrency=concurrency),), requests_per_level=RequestsPerLevel(rounds, True),
                              input_len=128, output_len=output_len, warmup=4)
     try:
-        await gateway.start()
-        await wait_until_ok(f"http://127.0.0.1:{ports.plain}/ready", gateway, 120)
-        await wait_until_ok(f"http://127.0.0.1:{ports.gateway}/ready", gateway, 120)
+        gateway.start()
+        await wait_until_ready(f"http://127.0.0.1:{ports.plain}", gateway, 120)
+        await wait_until_ready(f"http://127.0.0.1:{ports.gateway}", gateway, 120)
         cpu = CpuMeter({"gateway": lambda: [gateway.pid], "sims": lambda: descendants(gateway.pid)})
         async with SlipProbe([targets[0].url]) as slip:
             results = await Sweep(targets, settings, PlainProgress(Console(stderr=True)), cpu, slip).run()

@@ -22,10 +22,11 @@ import aiohttp
 import orjson
 import tomli_w
 
+from backends.process import Child, free_loopback_port
+from backends.readiness import wait_until_ready
 from loadtest.monitor import CpuMeter, descendants
 from loadtest.report import build_document
 from loadtest.slip import SlipProbe
-from loadtest.stack import Child, free_port, wait_until_ok
 from loadtest.sweep import LevelResult, Progress, Sweep, SweepSettings, Target
 
 Topology = Literal["partitioned", "colocated"]
@@ -74,7 +75,8 @@ class Ports:
     @classmethod
     def pick(cls, topology: Topology) -> Ports:
         """Free ports for this topology."""
-        return cls(free_port(), free_port(), free_port(), free_port() if topology == "colocated" else None)
+        port = free_loopback_port
+        return cls(port(), port(), port(), port() if topology == "colocated" else None)
 
 
 def gateway_config(stack: StackSettings, ports: Ports) -> dict[str, Any]:
@@ -175,16 +177,16 @@ class Envelope:
         config = gateway_config(self.stack, self.ports)
         self.config_path.write_text(tomli_w.dumps(config))
         logs = self.out_dir / "logs"
-        gateway = Child("gateway", [specgate_executable(), "serve", "--config", str(self.config_path)], logs / "gateway.log")
+        gateway = Child("gateway", [specgate_executable(), "serve", "--config", str(self.config_path)], log_path=logs / "gateway.log")
         children = [gateway]
         if self.ports.adaptive is not None:
-            children.append(Child("adaptive", adaptive_argv(self.stack, self.ports.adaptive), logs / "adaptive.log"))
+            children.append(Child("adaptive", adaptive_argv(self.stack, self.ports.adaptive), log_path=logs / "adaptive.log"))
         try:
             for child in children:
-                await child.start()
+                child.start()
             status = await self._wait_ready(gateway, children[1:])
             for child in children:
-                child.remember_descendants()
+                child.note_descendants()
             sims = [t.url for t in self.targets() if t.name != "specgate"]
             cpu = CpuMeter({
                 "gateway": lambda: [gateway.pid],
@@ -200,10 +202,10 @@ class Envelope:
     async def _wait_ready(self, gateway: Child, others: list[Child]) -> dict[str, Any]:
         p = self.ports
         for port in (p.eagle, p.plain):
-            await wait_until_ok(f"http://127.0.0.1:{port}/ready", gateway, STARTUP_TIMEOUT)
-        await wait_until_ok(f"http://127.0.0.1:{p.gateway}/ready", gateway, STARTUP_TIMEOUT)
+            await wait_until_ready(f"http://127.0.0.1:{port}", gateway, STARTUP_TIMEOUT)
+        await wait_until_ready(f"http://127.0.0.1:{p.gateway}", gateway, STARTUP_TIMEOUT)
         for child in others:
-            await wait_until_ok(f"http://127.0.0.1:{p.adaptive}/ready", child, STARTUP_TIMEOUT)
+            await wait_until_ready(f"http://127.0.0.1:{p.adaptive}", child, STARTUP_TIMEOUT)
         return await self._both_backends_ready(gateway)
 
     async def _both_backends_ready(self, gateway: Child) -> dict[str, Any]:
@@ -215,10 +217,10 @@ class Envelope:
                     status = orjson.loads(await resp.read())
                 if all(b["state"] == "ready" for b in status["backends"]):
                     return status
-                if gateway.exited():
+                if not gateway.running:
                     break
                 await asyncio.sleep(0.2)
-        raise RuntimeError(f"the gateway never saw both backends ready; its last output:\n{gateway.log_tail()}")
+        raise RuntimeError(f"the gateway never saw both backends ready; its last output:\n{gateway.last_lines()}")
 
 
 def envelope_document(

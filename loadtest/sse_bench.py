@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import socket
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ import click
 import orjson
 from aiohttp import web
 
+from backends.process import free_loopback_port
 from loadtest.sse import SSEDecoder
 
 _CHUNK = (
@@ -108,9 +108,7 @@ async def _measure(reader: Reader, url: str, streams: int) -> tuple[float, int]:
 @click.option("--rounds", default=3, show_default=True)
 def main(streams: int, events: int, rounds: int) -> None:
     """Print client CPU microseconds per event for each decoder (median of rounds)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_loopback_port()
     server = multiprocessing.Process(target=_serve, args=(port, events), daemon=True)
     server.start()
     try:

@@ -23,9 +23,9 @@ import aiohttp
 import psutil
 import pytest
 
-from backends.process import Child
 from backends.config import LaunchConfig
-from backends.plan import LaunchPlan, ProcessSpec, build_plan
+from backends.plan import LaunchPlan, build_plan
+from backends.process import Child
 from backends.supervisor import Supervisor, SupervisorError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,10 +8,7 @@ hosts, so the jobs, labels and rule files under test are the repository's own.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +22,7 @@ import openai
 import pytest
 import yaml
 
+from backends.process import Child, free_loopback_port
 from tests.deploy.deploy_checks import dashboard_queries
 from tests.deploy.deploy_metrics import referenced_metrics
 from tests.deploy.tools import find_tool
@@ -38,12 +36,6 @@ EVENT_ONLY = {
     "specgate_policy_predicted_tpot_seconds",
     "specgate_policy_crossover_concurrency",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_until(
@@ -64,22 +56,13 @@ def _wait_until(
 @contextmanager
 def _child(argv: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """A child process in its own process group, always stopped (group-wide) on exit."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # anything the group left behind
-            except ProcessLookupError:
-                pass
-            proc.wait()
+    child = Child(Path(argv[0]).name, argv, env=env, log_path=log)
+    child.start()
+    try:
+        assert child.proc is not None
+        yield child.proc
+    finally:
+        child.stop_blocking(grace=30)
 
 
 def _get(url: str, **params: str) -> httpx.Response | None:
@@ -115,7 +98,7 @@ def _query(prom: str, promql: str) -> list[dict[str, Any]]:
 
 def test_prometheus_scrapes_gateway_and_simulated_sglang(repo: Path, tmp_path: Path) -> None:
     prometheus = find_tool("prometheus")
-    gw_port, eagle_port, plain_port, prom_port = (_free_port() for _ in range(4))
+    gw_port, eagle_port, plain_port, prom_port = (free_loopback_port() for _ in range(4))
     gateway = f"http://127.0.0.1:{gw_port}"
     prom = f"http://127.0.0.1:{prom_port}"
     env = {

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gatewayproc import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess, start_gateway
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,8 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gatewayproc import GatewayProcess, start_gateway
-from tests.simproc import SimFactory, SimHandle
+from backends.testbed import GatewayProcess, SimFactory, SimHandle, start_gateway
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,9 +16,8 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from backends.testbed import running_sim, start_gateway
 from loadtest.cli import main
-from tests.gatewayproc import start_gateway
-from tests.simproc import running_sim
 
 FAST = ["--warmup", "1", "--input-len", "32"]
 

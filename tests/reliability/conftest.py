@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.simproc import SimFactory
+from backends.testbed import SimFactory
 
 
 @pytest.fixture

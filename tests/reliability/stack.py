@@ -21,9 +21,8 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from backends.testbed import GatewayProcess, SimFactory, SimHandle, start_gateway
 from loadtest.sse import SSEDecoder
-from tests.gatewayproc import GatewayProcess, start_gateway
-from tests.simproc import SimFactory, SimHandle
 
 T = TypeVar("T")
 SIM_ARGS = ("--enable-test-endpoints", "--enable-metrics")

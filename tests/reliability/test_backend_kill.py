@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from backends.testbed import SimFactory
 from tests.reliability.stack import Outcome, Stack, closed_loop, running_stack, until
-from tests.simproc import SimFactory
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
 

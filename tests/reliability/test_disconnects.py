@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
+from backends.testbed import SimFactory
 from loadtest.sse import SSEDecoder
 from tests.reliability.stack import JSON, Stack, running_stack, until
-from tests.simproc import SimFactory
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 

@@ -13,6 +13,7 @@ import time
 import openai
 import pytest
 
+from backends.testbed import SimFactory
 from tests.reliability.stack import (
     Outcome,
     Stack,
@@ -21,7 +22,6 @@ from tests.reliability.stack import (
     running_stack,
     until,
 )
-from tests.simproc import SimFactory
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]
 

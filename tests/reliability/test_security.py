@@ -22,9 +22,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.gatewayproc import start_gateway
+from backends.testbed import SimFactory, start_gateway
 from tests.reliability.stack import JSON, Stack, gateway_env, running_stack, until
-from tests.simproc import SimFactory
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]
 

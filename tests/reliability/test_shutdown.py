@@ -18,7 +18,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.gatewayproc import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess, start_gateway
 from tests.reliability.stack import Outcome, exchange, until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
@@ -87,7 +87,7 @@ async def _backend_ports(session: aiohttp.ClientSession, url: str) -> list[str]:
 
 async def test_sigterm_drains_in_flight_requests_then_stops_everything(record_property: pytest.RecordProperty) -> None:
     async with serving(drain_timeout=30) as (gw, session, model):
-        children = [p.pid for p in gw.descendants()]
+        children = gw.descendants()
         ports = await _backend_ports(session, gw.url)
         assert len(children) >= 2 and len(_processes_serving(ports)) >= 2
         url = gw.url + "/v1/chat/completions"
@@ -120,7 +120,7 @@ async def test_sigterm_drains_in_flight_requests_then_stops_everything(record_pr
 async def test_drain_is_bounded_by_the_drain_timeout(record_property: pytest.RecordProperty) -> None:
     drain_timeout = 2.0
     async with serving(drain_timeout=drain_timeout) as (gw, session, model):
-        children = [p.pid for p in gw.descendants()]
+        children = gw.descendants()
         url = gw.url + "/v1/chat/completions"
         endless = asyncio.create_task(exchange(session, url, _body(model, 100_000)))
         await until(lambda: _all_inflight(session, gw.url, 1), 20, "the long request in flight")

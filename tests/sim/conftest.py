@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.simproc import SimFactory, SimHandle
+from backends.testbed import SimFactory, SimHandle
 
 
 def pytest_configure(config: pytest.Config) -> None:

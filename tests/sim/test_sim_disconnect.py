@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.simproc import SimFactory, SimHandle
+from backends.testbed import SimFactory, SimHandle
 
 STEP_S = (5.82 + 8.47) * 30 / 1000  # field-8gpu EAGLE step at batch 1, time-scale 30
 

@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.simproc import SimFactory, SimHandle
+from backends.testbed import SimFactory, SimHandle
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True}
 

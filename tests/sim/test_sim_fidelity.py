@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from backends.sim.profiles import load_profile
-from tests.sim.closedloop import best_closed_loop
-from tests.simproc import SimFactory
+from backends.testbed import SimFactory
+from loadtest.steady_rate import best_closed_loop
 
 OUTPUT_TOKENS = 256
 TIME_SCALES = {1: 0.5, 2: 0.5, 8: 0.1, 32: 0.1}  # concurrency: time scale

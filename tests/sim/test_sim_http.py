@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from backends.sim.tokenizer import count_tokens
-from tests.simproc import SimHandle
+from backends.testbed import SimHandle
 
 MODEL = "specgate-sim/field-8gpu"
 

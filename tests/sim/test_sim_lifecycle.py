@@ -12,7 +12,10 @@ import httpx
 import openai
 import pytest
 
-from tests.simproc import READY_LINE, REPO_ROOT, SimFactory
+from backends.sim.server import READY_MESSAGE as READY_LINE
+from backends.testbed import SimFactory
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_startup_delay_answers_503_then_200(sims: SimFactory) -> None:

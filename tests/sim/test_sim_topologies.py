@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from backends.sim.profiles import load_profile
-from tests.sim.closedloop import best_closed_loop
-from tests.simproc import SimFactory
+from backends.testbed import SimFactory
+from loadtest.steady_rate import best_closed_loop
 
 
 def metric_value(text: str, name: str) -> float:

@@ -1,4 +1,7 @@
-"""A small closed-loop client for measuring a sim's output throughput from the tests."""
+"""Steady-state output throughput of a server under a closed loop of non-streaming clients.
+
+The simulator's fidelity test and benchmark compare this against `Profile.closed_loop_throughput`.
+"""
 
 from __future__ import annotations
 
