@@ -179,6 +179,7 @@ class GatewayProcess:
 
     child: Child
     url: str = ""
+    _final_output: str | None = None  # its whole log, kept once it is dead and the file removed
 
     @property
     def proc(self) -> subprocess.Popen[bytes]:
@@ -203,10 +204,13 @@ class GatewayProcess:
         """Last-resort cleanup so a failure never leaks processes: SIGKILL the group and all below it."""
         self.child.note_descendants()
         self.child.stop_blocking(grace=0)
+        if self._final_output is None and self.child.log_path is not None:
+            self._final_output = self.child.output()
+            self.child.log_path.unlink(missing_ok=True)
 
     def text(self) -> str:
         """Everything the gateway has printed so far."""
-        return self.child.output()
+        return self.child.output() if self._final_output is None else self._final_output
 
 
 def start_gateway(

@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import tomllib
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from backends.plan import build_plan
 from backends.resolve import PlanError
 from backends.supervisor import Supervisor, SupervisorError
+from backends.uvicorn_server import UvicornServer as _Server
 from gateway.app import create_app
 from gateway.config import BackendConfig, Settings, load_settings
 from gateway.http_protocol import GatewayHttpProtocol
@@ -76,23 +77,6 @@ class _Lifecycle:
             await asyncio.gather(task, return_exceptions=True)
             raise _Stopped
         return task.result()
-
-
-class _Server(uvicorn.Server):
-    """uvicorn, minus its own signal handling (ours drains first), plus a 'listening' event."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.listening = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            self.listening.set()
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -6,11 +6,9 @@ requests finish (bounded by the drain timeout), then the process exits 0. A seco
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Iterator
 
 import uvicorn
 
@@ -25,20 +23,13 @@ from backends.sim.settings import SimSettings
 from backends.sim.steps import StepModel
 from backends.sim.timeline import Timeline
 from backends.sim.tokenizer import PseudoText
+from backends.uvicorn_server import UvicornServer
 
 logger = logging.getLogger("backends.sim")
 
 READY_MESSAGE = "The server is fired up and ready to roll!"
 # How long uvicorn may take to flush responses still open once the drain is over.
 _FLUSH_TIMEOUT_S = 5
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: the process owns the signals of all its ports."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class _QuietInjectedDrops(logging.Filter):
@@ -72,7 +63,7 @@ class SimProcess:
         self.profile = profile
         self.launch_command = launch_command
         self.endpoints: list[Endpoint] = []
-        self._servers: list[_Server] = []
+        self._servers: list[UvicornServer] = []
         self._stopping = False
 
     def _endpoint(self, role: Role, port: int, timeline: Timeline, text: PseudoText, index: int) -> Endpoint:
@@ -137,7 +128,7 @@ class SimProcess:
                 access_log=False,
                 timeout_graceful_shutdown=_FLUSH_TIMEOUT_S,
             )
-            self._servers.append(_Server(config))
+            self._servers.append(UvicornServer(config))
         logging.getLogger("uvicorn.error").addFilter(_QuietInjectedDrops())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
