@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from backends.process import Child, ProcessExited, descendants
 from backends.readiness import wait_until_ready_blocking
@@ -155,10 +156,16 @@ def running_sim(*args: str, wait_ready: bool = True, timeout: float = 20.0) -> I
 
 
 class SimFactory:
-    """Starts sims on demand and stops every one of them in `close()` (use it as a fixture)."""
+    """Starts sims on demand and stops every one of them in `close()`, or on leaving its `with` block."""
 
     def __init__(self) -> None:
         self.handles: list[SimHandle] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def start(self, *args: str, wait_ready: bool = True, timeout: float = 20.0) -> SimHandle:
         """Start a sim that `close()` will stop."""

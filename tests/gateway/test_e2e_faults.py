@@ -73,15 +73,6 @@ class Rig:
 
 
 @pytest.fixture
-def sims() -> Iterator[SimFactory]:
-    factory = SimFactory()
-    try:
-        yield factory
-    finally:
-        factory.close()
-
-
-@pytest.fixture
 def rig(sims: SimFactory, tmp_path: Path) -> Iterator[Rig]:
     r = Rig(sims, tmp_path, health="ready_interval = 0.2", timeouts="first_byte = 2.0\nidle = 5.0")
     try:

@@ -16,24 +16,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.fixture
-def sims() -> Iterator[SimFactory]:
-    """Start sims inside one test; all are stopped at its end."""
-    factory = SimFactory()
-    try:
-        yield factory
-    finally:
-        factory.close()
-
-
 @pytest.fixture(scope="module")
 def module_sims() -> Iterator[SimFactory]:
     """Sims shared by the tests of one module."""
-    factory = SimFactory()
-    try:
+    with SimFactory() as factory:
         yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture(scope="module")
