@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +24,9 @@ import orjson
 import psutil
 import uvloop
 
-from backends.process import free_loopback_port
+from backends.process import Child, free_loopback_port
+from backends.readiness import wait_until_ready_blocking
+from backends.testbed import GatewayProcess, start_gateway
 from benchmarks.output import publish
 
 
@@ -109,33 +108,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    src_port, gw_port = free_loopback_port(), free_loopback_port()
-    procs = []
+    src_port = free_loopback_port()
+    src_url = f"http://127.0.0.1:{src_port}"
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gw.toml"
         backends = "".join(
-            f'[[backends]]\nname = "{n}"\nurl = "http://127.0.0.1:{src_port}"\nspeculative = {s}\n' for n, s in (("eagle", "true"), ("plain", "false"))
+            f'[[backends]]\nname = "{n}"\nurl = "{src_url}"\nspeculative = {s}\n' for n, s in (("eagle", "true"), ("plain", "false"))
         )
-        config.write_text(f"[server]\nport = {gw_port}\nlog_level = \"warning\"\n{backends}")
+        config.write_text(f"[server]\nlog_level = \"warning\"\n{backends}")
+        source = Child("sse-source", [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(src_port),
+                                      "--step", str(args.step)], log_path=Path(tmp) / "source.log")
+        gateway: GatewayProcess | None = None
+        source.start()
         try:
-            source = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(src_port), "--step", str(args.step)],
-                                      stdout=subprocess.PIPE, start_new_session=True)
-            procs.append(source)
-            assert source.stdout is not None and source.stdout.readline().strip() == b"ready"
-            gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)],
-                                       stdout=subprocess.PIPE, start_new_session=True)
-            procs.append(gateway)
-            assert gateway.stdout is not None
-            line = gateway.stdout.readline().decode()
-            if not re.search(r"serving on", line):
-                raise RuntimeError(f"gateway did not start: {line!r}")
-            results = uvloop.run(
-                bench(f"http://127.0.0.1:{src_port}", f"http://127.0.0.1:{gw_port}", args.rounds, psutil.Process(gateway.pid))
-            )
+            wait_until_ready_blocking(src_url, source, 30)
+            gateway = start_gateway(config=config)
+            results = uvloop.run(bench(src_url, gateway.url, args.rounds, psutil.Process(gateway.proc.pid)))
         finally:
-            for p in procs:
-                os.killpg(p.pid, 15)
-                p.wait()
+            if gateway is not None:
+                gateway.stop()
+            source.stop_blocking(grace=10)
     lines = [
         "# Gateway overhead: added latency versus calling the backend directly",
         "",

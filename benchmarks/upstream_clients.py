@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,7 +25,8 @@ import httpx
 import orjson
 import uvloop
 
-from backends.process import free_loopback_port
+from backends.process import Child, free_loopback_port
+from backends.readiness import wait_until_ready_blocking
 from benchmarks.output import publish
 
 Reader = Callable[[int, list[float]], Awaitable[int]]
@@ -125,16 +125,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     port = free_loopback_port()
-    source = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(port), "--step", str(args.step)],
-        stdout=subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        assert source.stdout is not None and source.stdout.readline().strip() == b"ready"
-        results = uvloop.run(bench(f"http://127.0.0.1:{port}/v1/chat/completions", args.streams, args.chunks, args.rounds))
-    finally:
-        os.killpg(source.pid, 15)
-        source.wait()
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Child("sse-source", [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(port),
+                                      "--step", str(args.step)], log_path=Path(tmp) / "source.log")
+        source.start()
+        try:
+            wait_until_ready_blocking(f"http://127.0.0.1:{port}", source, 30)
+            results = uvloop.run(bench(f"http://127.0.0.1:{port}/v1/chat/completions", args.streams, args.chunks, args.rounds))
+        finally:
+            source.stop_blocking(grace=10)
     rate = args.streams / args.step
     lines = [
         "# Upstream client for the streaming relay: aiohttp vs httpx",
