@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from backends.process import Child
 from backends.testbed import running_sim, start_gateway
 from loadtest.cli import main
 
@@ -149,21 +149,17 @@ def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Pa
     argv = [sys.executable, "-m", "loadtest", "envelope", "--profile", "field-8gpu", "--concurrency", "2",
             "--requests-per-level", "10000", "--output-len", "64", "--input-len", "8", "--time-scale", "1",
             "--warmup", "0", "--out", str(tmp_path)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    child = Child("loadtest", argv, log_path=tmp_path / "loadtest.log")
+    child.start()
+    assert child.proc is not None
     config = tmp_path / "specgate.toml"
     try:
-        _wait_for_traffic(config, proc)
-        proc.send_signal(sig)  # to the load generator alone, as a terminal or a job runner would
-        assert proc.wait(60) == 128 + int(sig)
+        _wait_for_traffic(config, child.proc)
+        child.proc.send_signal(sig)  # to the load generator alone, as a terminal or a job runner would
+        assert child.wait_blocking(60) == 128 + int(sig)
         assert _processes_mentioning(_ports(config)) == []
     finally:
-        if proc.poll() is None:  # let it clean up as designed before forcing anything
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        child.stop_blocking(grace=30)  # SIGTERM first: it may still clean up as designed
         for leftover in _processes_mentioning(_ports(config)):
             leftover.kill()
 
