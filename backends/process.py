@@ -238,6 +238,8 @@ class Child:
 
     def stop_blocking(self, grace: float) -> int | None:
         """`stop` for synchronous code; only for a child that logs to a file."""
+        if self.log_path is None:
+            raise RuntimeError(f"{self.name} forwards its output on its event loop: stop it there")
         return run_blocking(self.stop(grace))
 
     async def clear_group(self) -> None:
