@@ -269,7 +269,12 @@ async def _exit_of(proc: subprocess.Popen[bytes]) -> None:
     loop = asyncio.get_running_loop()
     exited: asyncio.Future[None] = loop.create_future()
     fd = os.pidfd_open(proc.pid)  # readable once the process has exited
-    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, on_exit)
     try:
         await exited
     finally:
