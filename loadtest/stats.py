@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.sim.tokenizer import count_tokens
 from loadtest.records import LevelRun, RequestRecord
+from tokencount import count_tokens
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.tokenizer import count_tokens
 from loadtest.records import LevelRun, RequestRecord
 from loadtest.stats import (
     backend_share,
@@ -15,6 +14,7 @@ from loadtest.stats import (
     request_tpot,
     tokens_per_chunk,
 )
+from tokencount import count_tokens
 
 
 def streamed(
