@@ -151,29 +151,6 @@ class LevelStats:
     e2e: Distribution
     backend_share: dict[str, float] | None
 
-    def flat(self) -> dict[str, object]:
-        """The stats as one flat JSON-ready dict: `ttft_p50_ms`, `output_tok_s`, ..."""
-        out: dict[str, object] = {
-            "completed": self.completed,
-            "failed": self.failed,
-            "errors": dict(self.errors),
-            "duration_s": self.duration_s,
-            "request_s": self.request_s,
-            "output_tok_s": self.output_tok_s,
-            "input_tok_s": self.input_tok_s,
-            "total_output_tokens": self.total_output_tokens,
-            "total_input_tokens": self.total_input_tokens,
-            "mean_concurrency": self.mean_concurrency,
-            "usage_missing": self.usage_missing,
-            "mean_chunk_interval_ms": self.mean_chunk_interval_ms,
-        }
-        for name in LATENCY_METRICS:
-            dist: Distribution = getattr(self, name)
-            for stat in ("p50", "p90", "p99", "mean"):
-                out[f"{name}_{stat}_ms"] = getattr(dist, stat)
-        out["backend_share"] = self.backend_share
-        return out
-
 
 def level_stats(run: LevelRun, counter: Callable[[str], int] = count_tokens) -> LevelStats:
     """Compute every reported number for one target at one level from its recorded requests."""
