@@ -66,9 +66,9 @@ def table(runs: dict[str, ResultsDocument]) -> list[str]:
                 cells += ["-", "-"]
                 continue
             subject = lv.targets[_subject(runs[n])]
-            tpot = "-" if subject.tpot.p50 is None else f"{subject.tpot.p50:.2f}"
+            tpot = "-" if subject.stats.tpot.p50 is None else f"{subject.stats.tpot.p50:.2f}"
             cells += [
-                f"{subject.output_tok_s:.0f} ({ratio(lv.ratios.get('throughput_ratio'))})",
+                f"{subject.stats.output_tok_s:.0f} ({ratio(lv.ratios.get('throughput_ratio'))})",
                 f"{tpot} ({ratio(lv.ratios.get('tpot_ratio'))})",
             ]
         rows.append(f"| {c} | " + " | ".join(cells) + " |")

@@ -45,7 +45,7 @@ def assess(levels: Sequence[LevelResult]) -> Health:
                 reasons.append(f"load generator CPU {cpu:.0f}%")
             if busy > MAX_MACHINE_BUSY_PCT:
                 reasons.append(f"machine {busy:.0f}% busy")
-            step = t.mean_chunk_interval_ms
+            step = t.stats.mean_chunk_interval_ms
             if slips and step and max(slips) > MAX_SIM_LATENESS_SHARE * step:
                 reasons.append(f"simulator steps {max(slips):.2f} ms late on average (steps of {step:.2f} ms)")
             if reasons:

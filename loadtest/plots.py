@@ -36,7 +36,7 @@ def plot_throughput(doc: ResultsDocument, path: Path) -> None:
     """Output tokens/s against load level, one line per target, log2 x axis."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for target in doc.targets:
-        xs, ys = doc.series(target).values(lambda t: t.output_tok_s)
+        xs, ys = doc.series(target).values(lambda t: t.stats.output_tok_s)
         ax.plot(xs, ys, marker="o", label=target)
     _log2_axis(ax, doc.levels)
     ax.set_ylabel("output tokens/s")
@@ -52,8 +52,8 @@ def plot_latency(doc: ResultsDocument, path: Path) -> None:
     """TPOT p50 and TTFT p50 against load level, one line per target."""
     fig, (tpot_ax, ttft_ax) = plt.subplots(1, 2, figsize=(12, 5))
     panels: tuple[tuple[Axes, Callable[[TargetResult], float | None], str], ...] = (
-        (tpot_ax, lambda t: t.tpot.p50, "TPOT p50 (ms, excl. 1st token)"),
-        (ttft_ax, lambda t: t.ttft.p50, "TTFT p50 (ms)"),
+        (tpot_ax, lambda t: t.stats.tpot.p50, "TPOT p50 (ms, excl. 1st token)"),
+        (ttft_ax, lambda t: t.stats.ttft.p50, "TTFT p50 (ms)"),
     )
     for ax, metric, title in panels:
         drawn = False

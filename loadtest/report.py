@@ -129,7 +129,8 @@ def write_csv(doc: ResultsDocument, path: Path) -> None:
         writer.writerows(rows)
 
 
-def _ms(value: float | None, digits: int = 1) -> str:
+def fixed(value: float | None, digits: int = 1) -> str:
+    """`value` with `digits` decimals, or `-` when not measured."""
     return "-" if value is None else f"{value:.{digits}f}"
 
 
@@ -155,11 +156,11 @@ def markdown(doc: ResultsDocument, sections: Sequence[str] = ()) -> str:
     ]
     for level in doc.levels:
         for name, t in level.targets.items():
-            errors = ", ".join(f"{k} {v}" for k, v in t.errors.items()) or "0"
+            errors = ", ".join(f"{k} {v}" for k, v in t.stats.errors.items()) or "0"
             lines.append(
-                f"| {level.label} | {name} | {t.completed} | {errors} | {t.request_s:.2f} | {t.output_tok_s:.1f} | "
-                f"{_ms(t.ttft.p50)} | {_ms(t.ttft.p99)} | {_ms(t.tpot.p50, 2)} | {_ms(t.tpot.p99, 2)} | "
-                f"{_ms(t.itl.p50, 2)} | {_ms(t.itl.p99, 2)} | {_ms(t.e2e.p50, 0)} | {share_text(t.backend_share)} |"
+                f"| {level.label} | {name} | {t.stats.completed} | {errors} | {t.stats.request_s:.2f} | {t.stats.output_tok_s:.1f} | "
+                f"{fixed(t.stats.ttft.p50)} | {fixed(t.stats.ttft.p99)} | {fixed(t.stats.tpot.p50, 2)} | {fixed(t.stats.tpot.p99, 2)} | "
+                f"{fixed(t.stats.itl.p50, 2)} | {fixed(t.stats.itl.p99, 2)} | {fixed(t.stats.e2e.p50, 0)} | {share_text(t.stats.backend_share)} |"
             )
     lines += ["", "Latencies in ms. TPOT excludes the first token; ITL is per token (a chunk of k tokens counts k gaps of 1/k), as SGLang's bench_serving.", ""]
     lines += health_markdown(doc)
@@ -203,9 +204,9 @@ def health_markdown(doc: ResultsDocument) -> list[str]:
             cpu = t.monitor.cpu
             slips = t.monitor.sim_lateness_ms()
             lines.append(
-                f"| {level.label} | {name} | {_ms(t.monitor.loop_lag_p99_ms, 2)} | {_ms(cpu.get('loadgen_cpu_pct'), 0)} | "
-                f"{_ms(cpu.get('gateway_cpu_pct'), 0)} | {_ms(cpu.get('sims_cpu_pct'), 0)} | {_ms(cpu.get('machine_busy_pct'), 0)} | "
-                f"{_ms(max(slips) if slips else None, 2)} |"
+                f"| {level.label} | {name} | {fixed(t.monitor.loop_lag_p99_ms, 2)} | {fixed(cpu.get('loadgen_cpu_pct'), 0)} | "
+                f"{fixed(cpu.get('gateway_cpu_pct'), 0)} | {fixed(cpu.get('sims_cpu_pct'), 0)} | {fixed(cpu.get('machine_busy_pct'), 0)} | "
+                f"{fixed(max(slips) if slips else None, 2)} |"
             )
     lines.append("")
     return lines

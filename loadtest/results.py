@@ -1,7 +1,7 @@
 """The typed shape of a sweep's results, and the one place it turns into results.json and back.
 
 A `ResultsDocument` holds `LevelResult`s (one per load level), each holding a `TargetResult` per
-target, named as the data names them. `to_json`/`from_json` here are the only code that knows the
+target (its `LevelStats` and `Monitor`), named as the data names them. `to_json`/`from_json` here are the only code that knows the
 file's keys: the keys are a user contract, so files written by earlier versions load unchanged and
 a loaded file writes back the same keys.
 """
@@ -15,20 +15,10 @@ from typing import Any, Literal
 
 import orjson
 
-from loadtest.stats import LATENCY_METRICS, LevelStats
+from loadtest.stats import LATENCY_METRICS, Distribution, LevelStats
 
 Json = dict[str, Any]
 _STATS = ("p50", "p90", "p99", "mean")
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    """p50/p90/p99/mean of one latency over a level, in ms; None when not measured."""
-
-    p50: float | None
-    p90: float | None
-    p99: float | None
-    mean: float | None
 
 
 @dataclass(frozen=True)
@@ -67,81 +57,58 @@ class Monitor:
         return cls(raw["loop_lag"], raw["cpu"], raw.get("sim_slip"))
 
 
+def _stats_to_json(stats: LevelStats) -> Json:
+    """A target's numbers as the flat keys of results.json (`ttft_p50_ms`, ...)."""
+    out: Json = {
+        "completed": stats.completed,
+        "failed": stats.failed,
+        "errors": dict(stats.errors),
+        "duration_s": stats.duration_s,
+        "request_s": stats.request_s,
+        "output_tok_s": stats.output_tok_s,
+        "input_tok_s": stats.input_tok_s,
+        "total_output_tokens": stats.total_output_tokens,
+        "total_input_tokens": stats.total_input_tokens,
+        "mean_concurrency": stats.mean_concurrency,
+        "usage_missing": stats.usage_missing,
+        "mean_chunk_interval_ms": stats.mean_chunk_interval_ms,
+    }
+    for name in LATENCY_METRICS:
+        dist: Distribution = getattr(stats, name)
+        for stat in _STATS:
+            out[f"{name}_{stat}_ms"] = getattr(dist, stat)
+    out["backend_share"] = dict(stats.backend_share) if stats.backend_share is not None else None
+    return out
+
+
+def _stats_from_json(raw: Json) -> LevelStats:
+    latencies = {name: Distribution(*(raw[f"{name}_{stat}_ms"] for stat in _STATS)) for name in LATENCY_METRICS}
+    plain = {k: raw[k] for k in (
+        "completed", "failed", "errors", "duration_s", "request_s", "output_tok_s", "input_tok_s", "total_output_tokens",
+        "total_input_tokens", "mean_concurrency", "usage_missing", "mean_chunk_interval_ms", "backend_share",
+    )}
+    return LevelStats(**plain, **latencies)
+
+
 @dataclass(frozen=True)
 class TargetResult:
-    """One target at one load level: every reported number, and the self-checks measured meanwhile."""
+    """One target at one load level: its numbers, and the self-checks measured meanwhile."""
 
-    completed: int
-    failed: int
-    errors: Mapping[str, int]
-    duration_s: float
-    request_s: float
-    output_tok_s: float
-    input_tok_s: float
-    total_output_tokens: int
-    total_input_tokens: int
-    mean_concurrency: float
-    usage_missing: int
-    mean_chunk_interval_ms: float | None
-    ttft: Percentiles
-    tpot: Percentiles
-    itl: Percentiles
-    e2e: Percentiles
-    backend_share: Mapping[str, float] | None
+    stats: LevelStats
     monitor: Monitor
 
-    @classmethod
-    def from_stats(cls, stats: LevelStats, monitor: Monitor) -> TargetResult:
-        """The result of a level just measured."""
-        latencies = {name: Percentiles(*(getattr(getattr(stats, name), stat) for stat in _STATS)) for name in LATENCY_METRICS}
-        return cls(
-            completed=stats.completed, failed=stats.failed, errors=dict(stats.errors), duration_s=stats.duration_s,
-            request_s=stats.request_s, output_tok_s=stats.output_tok_s, input_tok_s=stats.input_tok_s,
-            total_output_tokens=stats.total_output_tokens, total_input_tokens=stats.total_input_tokens,
-            mean_concurrency=stats.mean_concurrency, usage_missing=stats.usage_missing,
-            mean_chunk_interval_ms=stats.mean_chunk_interval_ms, backend_share=stats.backend_share,
-            monitor=monitor, **latencies,
-        )
-
     def scalars(self) -> Json:
-        """Every number as the flat keys of results.json (`ttft_p50_ms`, ...), monitor excluded."""
-        out: Json = {
-            "completed": self.completed,
-            "failed": self.failed,
-            "errors": dict(self.errors),
-            "duration_s": self.duration_s,
-            "request_s": self.request_s,
-            "output_tok_s": self.output_tok_s,
-            "input_tok_s": self.input_tok_s,
-            "total_output_tokens": self.total_output_tokens,
-            "total_input_tokens": self.total_input_tokens,
-            "mean_concurrency": self.mean_concurrency,
-            "usage_missing": self.usage_missing,
-            "mean_chunk_interval_ms": self.mean_chunk_interval_ms,
-        }
-        for name in LATENCY_METRICS:
-            latency: Percentiles = getattr(self, name)
-            for stat in _STATS:
-                out[f"{name}_{stat}_ms"] = getattr(latency, stat)
-        out["backend_share"] = dict(self.backend_share) if self.backend_share is not None else None
-        return out
+        """Every number as the flat keys of results.json, monitor excluded."""
+        return _stats_to_json(self.stats)
 
     def to_json(self) -> Json:
         """One target's object inside a level of results.json."""
-        return {**self.scalars(), "monitor": self.monitor.to_json()}
+        return {**_stats_to_json(self.stats), "monitor": self.monitor.to_json()}
 
     @classmethod
     def from_json(cls, raw: Json) -> TargetResult:
         """Read one target's object."""
-        latencies = {name: Percentiles(*(raw[f"{name}_{stat}_ms"] for stat in _STATS)) for name in LATENCY_METRICS}
-        return cls(
-            completed=raw["completed"], failed=raw["failed"], errors=raw["errors"], duration_s=raw["duration_s"],
-            request_s=raw["request_s"], output_tok_s=raw["output_tok_s"], input_tok_s=raw["input_tok_s"],
-            total_output_tokens=raw["total_output_tokens"], total_input_tokens=raw["total_input_tokens"],
-            mean_concurrency=raw["mean_concurrency"], usage_missing=raw["usage_missing"],
-            mean_chunk_interval_ms=raw["mean_chunk_interval_ms"], backend_share=raw["backend_share"],
-            monitor=Monitor.from_json(raw["monitor"]), **latencies,
-        )
+        return cls(_stats_from_json(raw), Monitor.from_json(raw["monitor"]))
 
 
 @dataclass(frozen=True)
@@ -200,7 +167,7 @@ class TargetSeries:
     points: tuple[tuple[LevelResult, TargetResult], ...]
 
     def values(self, metric: Callable[[TargetResult], float | None]) -> tuple[list[float], list[float]]:
-        """(x, y) of the levels where both are defined, e.g. `series.values(lambda t: t.tpot.p50)`."""
+        """(x, y) of the levels where both are defined, e.g. `series.values(lambda t: t.stats.tpot.p50)`."""
         xs: list[float] = []
         ys: list[float] = []
         for level, result in self.points:

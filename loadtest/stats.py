@@ -17,7 +17,7 @@ Not streamed: TTFT = E2E as bench_serving, and TPOT/ITL are not measured (None),
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,13 +31,17 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 
 @dataclass(frozen=True)
 class Distribution:
-    """p50/p90/p99/mean of a sample, in milliseconds; None when the sample is empty."""
+    """p50/p90/p99/mean of a sample, in milliseconds; None when the sample is empty.
+
+    `count` is the sample size, None for a distribution read back from results.json (which does
+    not store it).
+    """
 
     p50: float | None
     p90: float | None
     p99: float | None
     mean: float | None
-    count: int
+    count: int | None = None
 
 
 def distribution(seconds: Sequence[float]) -> Distribution:
@@ -135,7 +139,7 @@ class LevelStats:
 
     completed: int
     failed: int
-    errors: dict[str, int]
+    errors: Mapping[str, int]
     duration_s: float
     request_s: float
     output_tok_s: float
@@ -149,7 +153,7 @@ class LevelStats:
     tpot: Distribution
     itl: Distribution
     e2e: Distribution
-    backend_share: dict[str, float] | None
+    backend_share: Mapping[str, float] | None
 
 
 def level_stats(run: LevelRun, counter: Callable[[str], int] = count_tokens) -> LevelStats:

@@ -177,7 +177,7 @@ class Sweep:
                     for target in self.targets:
                         run = await self._run_level(clients[target.name], level, specs, target.name)
                         stats = level_stats(run)
-                        targets[target.name] = TargetResult.from_stats(stats, await self._monitor(lag))
+                        targets[target.name] = TargetResult(stats, await self._monitor(lag))
                         self.progress.level_finished(target.name, level, stats)
                     results.append(LevelResult(level.concurrency, level.request_rate, count, targets))
         return results

@@ -5,12 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from loadtest.report import share_text
+from loadtest.report import fixed, share_text
 from loadtest.results import ResultsDocument
-
-
-def _num(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _ratio_header(key: str) -> str:
@@ -32,17 +28,17 @@ def summary_table(doc: ResultsDocument) -> Table:
             row = [
                 level.label if i == 0 else "",
                 name,
-                str(t.completed),
-                str(t.failed),
-                _num(t.request_s, 2),
-                _num(t.output_tok_s, 1),
-                _num(t.ttft.p50, 1),
-                _num(t.tpot.p50, 2),
-                _num(t.tpot.p99, 2),
-                _num(t.itl.p50, 2),
-                share_text(t.backend_share),
+                str(t.stats.completed),
+                str(t.stats.failed),
+                fixed(t.stats.request_s, 2),
+                fixed(t.stats.output_tok_s, 1),
+                fixed(t.stats.ttft.p50, 1),
+                fixed(t.stats.tpot.p50, 2),
+                fixed(t.stats.tpot.p99, 2),
+                fixed(t.stats.itl.p50, 2),
+                share_text(t.stats.backend_share),
             ]
-            row += [_num(level.ratios.get(key), 3) if last else "" for key in ratio_keys]
+            row += [fixed(level.ratios.get(key), 3) if last else "" for key in ratio_keys]
             table.add_row(*row, end_section=last)
     return table
 

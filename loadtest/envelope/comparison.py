@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from loadtest.report import share_text
+from loadtest.report import fixed, share_text
 from loadtest.results import BoundCheck, Comparison, EnvelopeVerdict, LevelResult, ResultsDocument
 
 # What files written before results recorded their comparison compared: specgate against its two servers.
@@ -45,11 +45,11 @@ def level_ratios(level: LevelResult, comparison: Comparison) -> dict[str, float 
     """The level's `throughput_ratio` and `tpot_ratio` of the subject against its best baseline."""
     t = level.targets
     subject = t[comparison.subject]
-    best_tp = max(t[n].output_tok_s for n in comparison.baselines)
-    tpots = [p for n in comparison.baselines if (p := t[n].tpot.p50) is not None]
+    best_tp = max(t[n].stats.output_tok_s for n in comparison.baselines)
+    tpots = [p for n in comparison.baselines if (p := t[n].stats.tpot.p50) is not None]
     return {
-        "throughput_ratio": subject.output_tok_s / best_tp if best_tp > 0 else None,
-        "tpot_ratio": subject.tpot.p50 / min(tpots) if tpots and subject.tpot.p50 is not None else None,
+        "throughput_ratio": subject.stats.output_tok_s / best_tp if best_tp > 0 else None,
+        "tpot_ratio": subject.stats.tpot.p50 / min(tpots) if tpots and subject.stats.tpot.p50 is not None else None,
     }
 
 
@@ -63,10 +63,6 @@ def check_text(check: BoundCheck, met: str = "met", not_met: str = "NOT met") ->
     """`throughput_ratio >= 0.95: met (worst 0.981 at C=4)`."""
     worst = "-" if check.worst is None else f"{check.worst:.3f}"
     return f"{check.name} {check.op} {check.bound}: {met if check.met else not_met} (worst {worst} at C={check.worst_at})"
-
-
-def _ms(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def envelope_markdown(doc: ResultsDocument) -> list[str]:
@@ -84,13 +80,13 @@ def envelope_markdown(doc: ResultsDocument) -> list[str]:
     ]
     for level in doc.levels:
         t = level.targets
-        best_tp = max(baselines, key=lambda n: t[n].output_tok_s)
-        tpots = {n: p for n in baselines if (p := t[n].tpot.p50) is not None}
+        best_tp = max(baselines, key=lambda n: t[n].stats.output_tok_s)
+        tpots = {n: p for n in baselines if (p := t[n].stats.tpot.p50) is not None}
         best_tpot = min(tpots, key=lambda n: tpots[n]) if tpots else "-"
         lines.append(
-            f"| {level.concurrency} | {best_tp} {t[best_tp].output_tok_s:.1f} | {_ms(level.ratios.get('throughput_ratio'), 3)} | "
-            f"{best_tpot} {_ms(tpots.get(best_tpot), 2)} | {_ms(level.ratios.get('tpot_ratio'), 3)} | "
-            f"{share_text(t[subject].backend_share)} |"
+            f"| {level.concurrency} | {best_tp} {t[best_tp].stats.output_tok_s:.1f} | {fixed(level.ratios.get('throughput_ratio'), 3)} | "
+            f"{best_tpot} {fixed(tpots.get(best_tpot), 2)} | {fixed(level.ratios.get('tpot_ratio'), 3)} | "
+            f"{share_text(t[subject].stats.backend_share)} |"
         )
     lines.append("")
     lines += [f"- {check_text(check)}" for check in doc.envelope.checks]

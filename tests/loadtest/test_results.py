@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from loadtest.envelope.comparison import envelope_markdown
+from loadtest.report import markdown, write_csv
 from loadtest.results import ResultsDocument
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +38,14 @@ def test_a_committed_results_file_round_trips_exactly(path: Path) -> None:
     assert list(doc.targets) == list(raw["targets"])
 
 
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)
+def test_a_committed_report_renders_again_from_its_results_file(path: Path, tmp_path: Path) -> None:
+    doc = ResultsDocument.load(path)
+    assert markdown(doc, envelope_markdown(doc)) == (path.parent / "report.md").read_text()
+    write_csv(doc, tmp_path / "results.csv")
+    assert (tmp_path / "results.csv").read_text() == (path.parent / "results.csv").read_text()
+
+
 def test_there_are_committed_files_to_check() -> None:
     assert len(COMMITTED) >= 7
 
@@ -43,9 +53,9 @@ def test_there_are_committed_files_to_check() -> None:
 def test_a_target_series_follows_one_target_across_levels() -> None:
     doc = ResultsDocument.load(ROOT / "docs/benchmarks/envelope-field-8gpu-colocated-adaptive/results.json")
     series = doc.series("adaptive")
-    xs, ys = series.values(lambda t: t.output_tok_s)
+    xs, ys = series.values(lambda t: t.stats.output_tok_s)
     assert xs == [lv["concurrency"] for lv in json.loads(doc.dumps())["levels"]]
-    assert ys == [lv.targets["adaptive"].output_tok_s for lv in doc.levels]
+    assert ys == [lv.targets["adaptive"].stats.output_tok_s for lv in doc.levels]
 
 
 def test_the_generic_sweep_imports_nothing_of_the_simulator_or_the_gateway() -> None:
