@@ -1,9 +1,9 @@
 """The typed shape of a sweep's results, and the one place it turns into results.json and back.
 
 A `ResultsDocument` holds `LevelResult`s (one per load level), each holding a `TargetResult` per
-target (its `LevelStats` and `Monitor`), named as the data names them. `to_json`/`from_json` here are the only code that knows the
-file's keys: the keys are a user contract, so files written by earlier versions load unchanged and
-a loaded file writes back the same keys.
+target (its `LevelStats` and `Monitor`), named as the data names them. `to_json`/`from_json` here
+are the only code that knows the file's keys: the keys are a user contract, so files written by
+earlier versions load unchanged and a loaded file writes back the same keys.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class LevelResult:
 
     @property
     def x(self) -> float | None:
-        """Where the level sits on a plot's x axis (None for an infinite rate)."""
+        """Where the level sits on a plot's x axis (an infinite rate reads back from JSON as None)."""
         return self.concurrency if self.concurrency is not None else self.request_rate
 
     def to_json(self) -> Json:
