@@ -25,6 +25,7 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
 COPY loadtest ./loadtest
+COPY tokencount ./tokencount
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 # ---- gateway-only ------------------------------------------------------------------------------

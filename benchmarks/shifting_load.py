@@ -39,12 +39,12 @@ from backends.process import Child  # noqa: E402
 from backends.readiness import wait_until_ready  # noqa: E402
 from backends.sim.profiles import load_profile  # noqa: E402
 from loadtest.client import TargetClient, TargetOptions, open_session, served_model  # noqa: E402
-from loadtest.envelope import Ports, StackSettings, gateway_config, specgate_executable  # noqa: E402
+from loadtest.envelope.harness import Ports, StackSettings, gateway_config, specgate_executable  # noqa: E402
+from loadtest.envelope.timescale import CHUNK_BUDGET, MIN_SCALE  # noqa: E402
 from loadtest.load import closed_loop, open_loop  # noqa: E402
 from loadtest.prompts import PromptFactory  # noqa: E402
 from loadtest.records import RequestRecord, RequestSpec  # noqa: E402
 from loadtest.stats import request_tpot  # noqa: E402
-from loadtest.timescale import CHUNK_BUDGET, MIN_SCALE  # noqa: E402
 
 STARTUP_TIMEOUT = 120.0
 

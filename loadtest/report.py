@@ -7,23 +7,16 @@ import datetime as dt
 import importlib.metadata
 import platform
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
+from loadtest.health import assess
 from loadtest.plots import plot_latency, plot_throughput
-from loadtest.sweep import LevelResult, SweepSettings, Target
-
-# Limits past which a level's numbers may reflect the machine rather than the server: the load
-# generator's loop woke late (shifts every timestamp it takes), it used most of a core, the whole
-# machine was saturated, or the simulator's steps ended late by a visible share of a step.
-MAX_LOOP_LAG_P99_MS = 10.0
-MAX_LOADGEN_CPU_PCT = 85.0
-MAX_MACHINE_BUSY_PCT = 90.0
-MAX_SIM_LATENESS_SHARE = 0.10
+from loadtest.results import LevelResult, ResultsDocument
+from loadtest.sweep import SweepSettings, Target
 
 
 def versions() -> dict[str, str]:
@@ -57,34 +50,25 @@ def command_line(ctx: click.Context) -> str:
     return shlex.join(words)
 
 
-def level_document(result: LevelResult) -> dict[str, Any]:
-    """One level as JSON: its load, then each target's numbers and self-checks."""
-    return {
-        "concurrency": result.level.concurrency,
-        "request_rate": result.level.request_rate,
-        "requests": result.requests,
-        "targets": {
-            name: {**tl.stats.flat(), "monitor": tl.monitor} for name, tl in result.targets.items()
-        },
-    }
-
-
 def build_document(
     kind: str,
     results: Sequence[LevelResult],
     targets: Sequence[Target],
     settings: SweepSettings,
     command: str,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The whole results.json: inputs, every number, and the load-generator health verdict."""
-    doc: dict[str, Any] = {
-        "kind": kind,
-        "command": command,
-        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "versions": versions(),
-        "mode": "closed-loop" if settings.levels[0].concurrency is not None else "open-loop",
-        "settings": {
+    *,
+    title: str | None = None,
+    stack: dict[str, Any] | None = None,
+    preamble: Sequence[str] | None = None,
+) -> ResultsDocument:
+    """The whole results document: inputs, every number, and the load-generator health verdict."""
+    return ResultsDocument(
+        kind=kind,
+        command=command,
+        timestamp=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        versions=versions(),
+        mode="closed-loop" if settings.levels[0].concurrency is not None else "open-loop",
+        settings={
             "requests_per_level": str(settings.requests_per_level),
             "input_len": settings.input_len,
             "output_len": settings.output_len,
@@ -95,62 +79,13 @@ def build_document(
             "seed": settings.seed,
             "timeout": settings.timeout,
         },
-        "targets": {t.name: t.url for t in targets},
-        "levels": [level_document(r) for r in results],
-    }
-    if extra:
-        doc.update(extra)
-    doc["health"] = health(doc)
-    return doc
-
-
-def health(doc: dict[str, Any]) -> dict[str, Any]:
-    """Worst self-check figures over the sweep, and which levels crossed a limit."""
-    worst_lag = worst_cpu = worst_busy = 0.0
-    worst_slip: float | None = None
-    flagged: list[str] = []
-    for level in doc["levels"]:
-        where = f"C={level['concurrency']}" if level["concurrency"] is not None else f"rate={level['request_rate']}"
-        for name, t in level["targets"].items():
-            mon = t["monitor"]
-            lag = mon["loop_lag"]["p99_ms"] or 0.0
-            cpu = mon["cpu"].get("loadgen_cpu_pct", 0.0)
-            busy = mon["cpu"].get("machine_busy_pct", 0.0)
-            slips = sim_lateness(mon)
-            if slips:
-                worst_slip = max(worst_slip or 0.0, max(slips))
-            worst_lag, worst_cpu, worst_busy = max(worst_lag, lag), max(worst_cpu, cpu), max(worst_busy, busy)
-            reasons = []
-            if lag > MAX_LOOP_LAG_P99_MS:
-                reasons.append(f"loop lag p99 {lag:.1f} ms")
-            if cpu > MAX_LOADGEN_CPU_PCT:
-                reasons.append(f"load generator CPU {cpu:.0f}%")
-            if busy > MAX_MACHINE_BUSY_PCT:
-                reasons.append(f"machine {busy:.0f}% busy")
-            step = t.get("mean_chunk_interval_ms")
-            if slips and step and max(slips) > MAX_SIM_LATENESS_SHARE * step:
-                reasons.append(f"simulator steps {max(slips):.2f} ms late on average (steps of {step:.2f} ms)")
-            if reasons:
-                flagged.append(f"{name} {where}: " + ", ".join(reasons))
-    return {
-        "limits": {
-            "loop_lag_p99_ms": MAX_LOOP_LAG_P99_MS,
-            "loadgen_cpu_pct": MAX_LOADGEN_CPU_PCT,
-            "machine_busy_pct": MAX_MACHINE_BUSY_PCT,
-            "sim_step_lateness_share_of_step": MAX_SIM_LATENESS_SHARE,
-        },
-        "worst_loop_lag_p99_ms": worst_lag,
-        "worst_loadgen_cpu_pct": worst_cpu,
-        "worst_machine_busy_pct": worst_busy,
-        "worst_sim_step_lateness_ms": worst_slip,
-        "flagged": flagged,
-        "ok": not flagged,
-    }
-
-
-def sim_lateness(monitor: dict[str, Any]) -> list[float]:
-    """Mean step lateness (ms) of each simulator that reported it during a level."""
-    return [v["mean_step_lateness_ms"] for v in (monitor.get("sim_slip") or {}).values() if v]
+        targets={t.name: t.url for t in targets},
+        levels=tuple(results),
+        health=assess(results),
+        title=title,
+        stack=stack,
+        preamble=tuple(preamble) if preamble is not None else None,
+    )
 
 
 def _cell(value: Any) -> Any:
@@ -159,32 +94,30 @@ def _cell(value: Any) -> Any:
     return "" if value is None else value
 
 
-def csv_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per level and target: every scalar, dicts as `key:value;...`."""
+def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
+    """One row per level and target: every scalar, dicts as `key:value;...`, then the level's ratios."""
     rows = []
-    for level in doc["levels"]:
-        for name, t in level["targets"].items():
-            mon = t["monitor"]
-            slips = sim_lateness(mon)
+    for level in doc.levels:
+        for name, t in level.targets.items():
+            mon = t.monitor
+            slips = mon.sim_lateness_ms()
             row = {
-                "concurrency": level["concurrency"],
-                "request_rate": level["request_rate"],
-                "requests": level["requests"],
+                "concurrency": level.concurrency,
+                "request_rate": level.request_rate,
+                "requests": level.requests,
                 "target": name,
-                **{k: v for k, v in t.items() if k != "monitor"},
-                "loop_lag_p99_ms": mon["loop_lag"]["p99_ms"],
-                "loadgen_cpu_pct": mon["cpu"].get("loadgen_cpu_pct"),
-                "machine_busy_pct": mon["cpu"].get("machine_busy_pct"),
+                **t.scalars(),
+                "loop_lag_p99_ms": mon.loop_lag_p99_ms,
+                "loadgen_cpu_pct": mon.cpu.get("loadgen_cpu_pct"),
+                "machine_busy_pct": mon.cpu.get("machine_busy_pct"),
                 "sim_step_lateness_ms": max(slips) if slips else None,
+                **level.ratios,
             }
-            for key in ("throughput_ratio", "tpot_ratio"):
-                if key in level:
-                    row[key] = level[key]
             rows.append({k: _cell(v) for k, v in row.items()})
     return rows
 
 
-def write_csv(doc: dict[str, Any], path: Path) -> None:
+def write_csv(doc: ResultsDocument, path: Path) -> None:
     """results.csv."""
     rows = csv_rows(doc)
     fields: list[str] = []
@@ -196,80 +129,54 @@ def write_csv(doc: dict[str, Any], path: Path) -> None:
         writer.writerows(rows)
 
 
-def _ms(value: float | None, digits: int = 1) -> str:
+def fixed(value: float | None, digits: int = 1) -> str:
+    """`value` with `digits` decimals, or `-` when not measured."""
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    """report.md: the pictures, the table, and how the numbers were checked."""
-    lines = [f"# {doc.get('title', 'Load test report')}", ""]
-    lines += [f"Command: `{doc['command']}`", "", f"Run at {doc['timestamp']}; " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()), ""]
-    s = doc["settings"]
+def markdown(doc: ResultsDocument, sections: Sequence[str] = ()) -> str:
+    """report.md: the pictures, `sections` (lines a harness adds, e.g. the envelope), the table, the checks."""
+    lines = [f"# {doc.title or 'Load test report'}", ""]
+    lines += [f"Command: `{doc.command}`", "", f"Run at {doc.timestamp}; " + ", ".join(f"{k} {v}" for k, v in doc.versions.items()), ""]
+    s = doc.settings
     shape = (
-        f"{doc['mode']}, {s['requests_per_level']} requests per level, input {s['input_len']} / output {s['output_len']} "
+        f"{doc.mode}, {s['requests_per_level']} requests per level, input {s['input_len']} / output {s['output_len']} "
         f"tokens (range ratio {s['range_ratio']}), {s['endpoint']} endpoint, {'streamed' if s['stream'] else 'not streamed'}, "
         "`ignore_eos` so every response has exactly the requested length."
     )
     lines += [shape, ""]
-    for text in doc.get("preamble", []):
+    for text in doc.preamble or ():
         lines += [text, ""]
     lines += ["![output throughput](throughput.png)", "", "![TPOT and TTFT p50](latency.png)", ""]
-    if "envelope" in doc:
-        lines += envelope_markdown(doc)
+    lines += sections
     lines += ["## Every level", ""]
     lines += [
         "| level | target | ok | errors | req/s | out tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | E2E p50 | backend share |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for level in doc["levels"]:
-        label = f"C={level['concurrency']}" if level["concurrency"] is not None else f"{level['request_rate']:g}/s"
-        for name, t in level["targets"].items():
-            errors = ", ".join(f"{k} {v}" for k, v in t["errors"].items()) or "0"
-            share = ", ".join(f"{k} {v:.0%}" for k, v in (t["backend_share"] or {}).items()) or "-"
+    for level in doc.levels:
+        for name, t in level.targets.items():
+            errors = ", ".join(f"{k} {v}" for k, v in t.stats.errors.items()) or "0"
             lines.append(
-                f"| {label} | {name} | {t['completed']} | {errors} | {t['request_s']:.2f} | {t['output_tok_s']:.1f} | "
-                f"{_ms(t['ttft_p50_ms'])} | {_ms(t['ttft_p99_ms'])} | {_ms(t['tpot_p50_ms'], 2)} | {_ms(t['tpot_p99_ms'], 2)} | "
-                f"{_ms(t['itl_p50_ms'], 2)} | {_ms(t['itl_p99_ms'], 2)} | {_ms(t['e2e_p50_ms'], 0)} | {share} |"
+                f"| {level.label} | {name} | {t.stats.completed} | {errors} | {t.stats.request_s:.2f} | {t.stats.output_tok_s:.1f} | "
+                f"{fixed(t.stats.ttft.p50)} | {fixed(t.stats.ttft.p99)} | {fixed(t.stats.tpot.p50, 2)} | {fixed(t.stats.tpot.p99, 2)} | "
+                f"{fixed(t.stats.itl.p50, 2)} | {fixed(t.stats.itl.p99, 2)} | {fixed(t.stats.e2e.p50, 0)} | {share_text(t.stats.backend_share)} |"
             )
     lines += ["", "Latencies in ms. TPOT excludes the first token; ITL is per token (a chunk of k tokens counts k gaps of 1/k), as SGLang's bench_serving.", ""]
     lines += health_markdown(doc)
     return "\n".join(lines) + "\n"
 
 
-def envelope_markdown(doc: dict[str, Any]) -> list[str]:
-    """The envelope ratios per level, and whether the requested bounds held."""
-    env = doc["envelope"]
-    lines = ["## Envelope", ""]
-    lines += [
-        "Throughput ratio = specgate output tok/s / max(eagle, plain); TPOT ratio = specgate TPOT p50 / min(eagle, plain).",
-        "",
-        "| concurrency | better throughput | throughput ratio | better TPOT p50 | TPOT ratio | specgate share |",
-        "|---|---|---|---|---|---|",
-    ]
-    for level in doc["levels"]:
-        t = level["targets"]
-        best_tp = max(("eagle", "plain"), key=lambda n: t[n]["output_tok_s"])
-        tpots = {n: t[n]["tpot_p50_ms"] for n in ("eagle", "plain") if t[n]["tpot_p50_ms"] is not None}
-        best_tpot = min(tpots, key=lambda n: tpots[n]) if tpots else "-"
-        share = ", ".join(f"{k} {v:.0%}" for k, v in (t["specgate"]["backend_share"] or {}).items()) or "-"
-        lines.append(
-            f"| {level['concurrency']} | {best_tp} {t[best_tp]['output_tok_s']:.1f} | {_ms(level['throughput_ratio'], 3)} | "
-            f"{best_tpot} {_ms(tpots.get(best_tpot), 2)} | {_ms(level['tpot_ratio'], 3)} | {share} |"
-        )
-    lines.append("")
-    for check in env["checks"]:
-        mark = "met" if check["met"] else "NOT met"
-        lines.append(f"- {check['name']} {check['op']} {check['bound']}: {mark} (worst {check['worst']:.3f} at C={check['worst_at']})")
-    if env["checks"]:
-        lines.append("")
-    return lines
+def share_text(share: Mapping[str, float] | None) -> str:
+    """`eagle 60%, plain 40%`, or `-` when the server did not say."""
+    return ", ".join(f"{k} {v:.0%}" for k, v in (share or {}).items()) or "-"
 
 
-def health_markdown(doc: dict[str, Any]) -> list[str]:
+def health_markdown(doc: ResultsDocument) -> list[str]:
     """How the load generator was checked not to be the bottleneck, with the measured figures."""
-    h = doc["health"]
-    lim = h["limits"]
-    slip = "not exported" if h["worst_sim_step_lateness_ms"] is None else f"{h['worst_sim_step_lateness_ms']:.2f} ms"
+    h = doc.health
+    lim = h.limits
+    slip = "not exported" if h.worst_sim_step_lateness_ms is None else f"{h.worst_sim_step_lateness_ms:.2f} ms"
     method = (
         "Everything (load generator, gateway, simulators) shares this machine's cores, so each level records the load "
         "generator's event-loop lag (how late a 10 ms timer fires), the CPU used by each process group and the whole "
@@ -280,38 +187,36 @@ def health_markdown(doc: dict[str, Any]) -> list[str]:
         f"<= {lim['sim_step_lateness_share_of_step']:.0%} of a step (the mean gap between a stream's chunks)."
     )
     worst = (
-        f"Worst over the run: loop lag p99 {h['worst_loop_lag_p99_ms']:.2f} ms, load generator CPU "
-        f"{h['worst_loadgen_cpu_pct']:.0f}%, machine {h['worst_machine_busy_pct']:.0f}% busy, simulator mean step "
+        f"Worst over the run: loop lag p99 {h.worst_loop_lag_p99_ms:.2f} ms, load generator CPU "
+        f"{h.worst_loadgen_cpu_pct:.0f}%, machine {h.worst_machine_busy_pct:.0f}% busy, simulator mean step "
         f"lateness {slip}."
     )
     lines = ["## Was the load generator the bottleneck?", "", method, "", worst, ""]
-    if h["flagged"]:
+    if h.flagged:
         lines += ["Levels over a limit (treat their latencies with care):", ""]
-        lines += [f"- {f}" for f in h["flagged"]]
+        lines += [f"- {f}" for f in h.flagged]
     else:
         lines.append("No level crossed a limit.")
     lines.append("")
     lines += ["| level | target | loop lag p99 ms | loadgen CPU % | gateway CPU % | sims CPU % | machine busy % | sim step lateness ms |", "|---|---|---|---|---|---|---|---|"]
-    for level in doc["levels"]:
-        label = f"C={level['concurrency']}" if level["concurrency"] is not None else f"{level['request_rate']:g}/s"
-        for name, t in level["targets"].items():
-            mon = t["monitor"]
-            cpu = mon["cpu"]
-            slips = sim_lateness(mon)
+    for level in doc.levels:
+        for name, t in level.targets.items():
+            cpu = t.monitor.cpu
+            slips = t.monitor.sim_lateness_ms()
             lines.append(
-                f"| {label} | {name} | {_ms(mon['loop_lag']['p99_ms'], 2)} | {_ms(cpu.get('loadgen_cpu_pct'), 0)} | "
-                f"{_ms(cpu.get('gateway_cpu_pct'), 0)} | {_ms(cpu.get('sims_cpu_pct'), 0)} | {_ms(cpu.get('machine_busy_pct'), 0)} | "
-                f"{_ms(max(slips) if slips else None, 2)} |"
+                f"| {level.label} | {name} | {fixed(t.monitor.loop_lag_p99_ms, 2)} | {fixed(cpu.get('loadgen_cpu_pct'), 0)} | "
+                f"{fixed(cpu.get('gateway_cpu_pct'), 0)} | {fixed(cpu.get('sims_cpu_pct'), 0)} | {fixed(cpu.get('machine_busy_pct'), 0)} | "
+                f"{fixed(max(slips) if slips else None, 2)} |"
             )
     lines.append("")
     return lines
 
 
-def write_all(doc: dict[str, Any], out_dir: Path) -> None:
+def write_all(doc: ResultsDocument, out_dir: Path, sections: Sequence[str] = ()) -> None:
     """Write results.json, results.csv, throughput.png, latency.png and report.md into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    (out_dir / "results.json").write_bytes(doc.dumps())
     write_csv(doc, out_dir / "results.csv")
     plot_throughput(doc, out_dir / "throughput.png")
     plot_latency(doc, out_dir / "latency.png")
-    (out_dir / "report.md").write_text(markdown(doc))
+    (out_dir / "report.md").write_text(markdown(doc, sections))

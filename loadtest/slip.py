@@ -1,6 +1,6 @@
 """Reads the simulators' own fidelity figure: how far their step loop ran behind the model.
 
-`backends.sim` exports the accumulated lateness of its steps against the modelled timeline and
+The simulator exports the accumulated lateness of its steps against the modelled timeline and
 the number of steps as Prometheus counters. Their growth during a level gives the mean lateness of
 a step, which says whether the simulated GPU kept time while everything shared 2 cores: a mean
 lateness that is small against the step time means the modelled latencies were delivered as

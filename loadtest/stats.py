@@ -17,13 +17,13 @@ Not streamed: TTFT = E2E as bench_serving, and TPOT/ITL are not measured (None),
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from backends.sim.tokenizer import count_tokens
 from loadtest.records import LevelRun, RequestRecord
+from tokencount import count_tokens
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -31,13 +31,17 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 
 @dataclass(frozen=True)
 class Distribution:
-    """p50/p90/p99/mean of a sample, in milliseconds; None when the sample is empty."""
+    """p50/p90/p99/mean of a sample, in milliseconds; None when the sample is empty.
+
+    `count` is the sample size, None for a distribution read back from results.json (which does
+    not store it).
+    """
 
     p50: float | None
     p90: float | None
     p99: float | None
     mean: float | None
-    count: int
+    count: int | None = None
 
 
 def distribution(seconds: Sequence[float]) -> Distribution:
@@ -135,7 +139,7 @@ class LevelStats:
 
     completed: int
     failed: int
-    errors: dict[str, int]
+    errors: Mapping[str, int]
     duration_s: float
     request_s: float
     output_tok_s: float
@@ -149,30 +153,7 @@ class LevelStats:
     tpot: Distribution
     itl: Distribution
     e2e: Distribution
-    backend_share: dict[str, float] | None
-
-    def flat(self) -> dict[str, object]:
-        """The stats as one flat JSON-ready dict: `ttft_p50_ms`, `output_tok_s`, ..."""
-        out: dict[str, object] = {
-            "completed": self.completed,
-            "failed": self.failed,
-            "errors": dict(self.errors),
-            "duration_s": self.duration_s,
-            "request_s": self.request_s,
-            "output_tok_s": self.output_tok_s,
-            "input_tok_s": self.input_tok_s,
-            "total_output_tokens": self.total_output_tokens,
-            "total_input_tokens": self.total_input_tokens,
-            "mean_concurrency": self.mean_concurrency,
-            "usage_missing": self.usage_missing,
-            "mean_chunk_interval_ms": self.mean_chunk_interval_ms,
-        }
-        for name in LATENCY_METRICS:
-            dist: Distribution = getattr(self, name)
-            for stat in ("p50", "p90", "p99", "mean"):
-                out[f"{name}_{stat}_ms"] = getattr(dist, stat)
-        out["backend_share"] = self.backend_share
-        return out
+    backend_share: Mapping[str, float] | None
 
 
 def level_stats(run: LevelRun, counter: Callable[[str], int] = count_tokens) -> LevelStats:

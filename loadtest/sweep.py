@@ -6,7 +6,7 @@ import math
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
@@ -22,6 +22,7 @@ from loadtest.load import closed_loop, open_loop, poisson_arrivals
 from loadtest.monitor import CpuMeter, LoopLagMonitor
 from loadtest.prompts import PromptFactory
 from loadtest.records import LevelRun, RequestRecord, RequestSpec
+from loadtest.results import LevelResult, Monitor, TargetResult
 from loadtest.slip import SlipProbe
 from loadtest.stats import LevelStats, level_stats
 
@@ -124,23 +125,6 @@ class SweepSettings:
         ) + 8
 
 
-@dataclass
-class TargetLevel:
-    """One target's numbers at one level, plus the self-checks measured meanwhile."""
-
-    stats: LevelStats
-    monitor: dict[str, object]
-
-
-@dataclass
-class LevelResult:
-    """All targets at one level."""
-
-    level: Level
-    requests: int
-    targets: dict[str, TargetLevel] = field(default_factory=dict)
-
-
 class Progress(Protocol):
     """What the sweep tells whoever shows progress."""
 
@@ -189,13 +173,13 @@ class Sweep:
                 for index, level in enumerate(s.levels):
                     count = s.requests_at(level)
                     specs = self._specs(index, count)
-                    result = LevelResult(level=level, requests=count)
+                    targets: dict[str, TargetResult] = {}
                     for target in self.targets:
                         run = await self._run_level(clients[target.name], level, specs, target.name)
                         stats = level_stats(run)
-                        result.targets[target.name] = TargetLevel(stats, await self._monitor(lag))
+                        targets[target.name] = TargetResult(stats, await self._monitor(lag))
                         self.progress.level_finished(target.name, level, stats)
-                    results.append(result)
+                    results.append(LevelResult(level.concurrency, level.request_rate, count, targets))
         return results
 
     async def _clients(self, session: aiohttp.ClientSession) -> dict[str, TargetClient]:
@@ -233,11 +217,10 @@ class Sweep:
         arrivals = poisson_arrivals(level.request_rate, len(specs), rng)
         return await open_loop(client.send, specs, arrivals, self.progress.request_done)
 
-    async def _monitor(self, lag: LoopLagMonitor) -> dict[str, object]:
-        monitor: dict[str, object] = {"loop_lag": lag.take(), "cpu": self.cpu.take()}
-        if self.slip is not None:
-            monitor["sim_slip"] = await self.slip.take()
-        return monitor
+    async def _monitor(self, lag: LoopLagMonitor) -> Monitor:
+        loop_lag, cpu = lag.take(), self.cpu.take()
+        slip = await self.slip.take() if self.slip is not None else None
+        return Monitor(loop_lag, cpu, slip)
 
 
 def parse_levels(concurrency: str | None, request_rate: str | None) -> tuple[Level, ...]:

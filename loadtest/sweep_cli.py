@@ -18,6 +18,7 @@ from loadtest.options import (
 )
 from loadtest.progress import progress_for
 from loadtest.report import build_document, command_line, write_all
+from loadtest.results import ResultsDocument
 from loadtest.slip import SlipProbe
 from loadtest.sweep import Sweep, SweepSettings, parse_levels
 from loadtest.table import summary_table, table_console
@@ -68,7 +69,7 @@ def sweep(
     parsed = parse_targets(targets)
     console = Console(stderr=True)
 
-    async def run() -> dict:
+    async def run() -> ResultsDocument:
         # A target that is a simulator exports its schedule slip; for others the probe reads nothing.
         async with SlipProbe([t.url for t in parsed]) as slip:
             with progress_for(console) as progress:

@@ -2,46 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 
+from loadtest.report import fixed, share_text
+from loadtest.results import ResultsDocument
 
-def _num(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+
+def _ratio_header(key: str) -> str:
+    """`throughput_ratio` -> `throughput ratio`, with the envelope's usual short forms."""
+    return {"throughput_ratio": "tput ratio", "tpot_ratio": "TPOT ratio"}.get(key, key.replace("_", " "))
 
 
-def summary_table(doc: dict[str, Any]) -> Table:
-    """One row per level and target with the headline numbers (and envelope ratios if present)."""
-    envelope = "envelope" in doc
-    table = Table(title=doc.get("title", "Load test summary"))
+def summary_table(doc: ResultsDocument) -> Table:
+    """One row per level and target with the headline numbers, and each level's ratios if it has any."""
+    ratio_keys = list(dict.fromkeys(k for level in doc.levels for k in level.ratios))
+    table = Table(title=doc.title or "Load test summary")
     for header in ("level", "target", "ok", "err", "req/s", "out tok/s", "TTFT p50", "TPOT p50", "TPOT p99", "ITL p50", "share"):
         table.add_column(header, justify="left" if header in ("level", "target", "share") else "right")
-    if envelope:
-        table.add_column("tput ratio", justify="right")
-        table.add_column("TPOT ratio", justify="right")
-    for level in doc["levels"]:
-        label = f"C={level['concurrency']}" if level["concurrency"] is not None else f"{level['request_rate']:g}/s"
-        for i, (name, t) in enumerate(level["targets"].items()):
-            share = ", ".join(f"{k} {v:.0%}" for k, v in (t["backend_share"] or {}).items()) or "-"
+    for key in ratio_keys:
+        table.add_column(_ratio_header(key), justify="right")
+    for level in doc.levels:
+        for i, (name, t) in enumerate(level.targets.items()):
+            last = i == len(level.targets) - 1
             row = [
-                label if i == 0 else "",
+                level.label if i == 0 else "",
                 name,
-                str(t["completed"]),
-                str(t["failed"]),
-                _num(t["request_s"], 2),
-                _num(t["output_tok_s"], 1),
-                _num(t["ttft_p50_ms"], 1),
-                _num(t["tpot_p50_ms"], 2),
-                _num(t["tpot_p99_ms"], 2),
-                _num(t["itl_p50_ms"], 2),
-                share,
+                str(t.stats.completed),
+                str(t.stats.failed),
+                fixed(t.stats.request_s, 2),
+                fixed(t.stats.output_tok_s, 1),
+                fixed(t.stats.ttft.p50, 1),
+                fixed(t.stats.tpot.p50, 2),
+                fixed(t.stats.tpot.p99, 2),
+                fixed(t.stats.itl.p50, 2),
+                share_text(t.stats.backend_share),
             ]
-            if envelope:
-                last = i == len(level["targets"]) - 1
-                row += [_num(level["throughput_ratio"], 3) if last else "", _num(level["tpot_ratio"], 3) if last else ""]
-            table.add_row(*row, end_section=i == len(level["targets"]) - 1)
+            row += [fixed(level.ratios.get(key), 3) if last else "" for key in ratio_keys]
+            table.add_row(*row, end_section=last)
     return table
 
 

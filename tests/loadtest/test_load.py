@@ -9,11 +9,11 @@ import statistics
 
 import pytest
 
-from backends.sim.tokenizer import count_tokens
 from loadtest.load import closed_loop, open_loop, poisson_arrivals
 from loadtest.prompts import PromptFactory
 from loadtest.records import RequestRecord, RequestSpec
 from loadtest.sweep import Level, RequestsPerLevel, Target, parse_levels
+from tokencount import count_tokens
 
 
 class FakeServer:

@@ -4,30 +4,26 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from loadtest.cli import main
-from loadtest.envelope import Bound, add_ratios
+from loadtest.envelope.comparison import Bound, add_ratios, envelope_markdown
 from loadtest.records import LevelRun, RequestRecord
 from loadtest.report import build_document, write_all
+from loadtest.results import Comparison, LevelResult, Monitor, ResultsDocument, TargetResult
 from loadtest.stats import level_stats
-from loadtest.sweep import (
-    Level,
-    LevelResult,
-    RequestsPerLevel,
-    SweepSettings,
-    Target,
-    TargetLevel,
-)
+from loadtest.sweep import Level, RequestsPerLevel, SweepSettings, Target
 
-MONITOR = {
-    "loop_lag": {"p50_ms": 0.1, "p99_ms": 0.5, "max_ms": 1.0},
-    "cpu": {"loadgen_cpu_pct": 20.0, "machine_busy_pct": 50.0, "cores": 2.0},
-    "sim_slip": {"http://127.0.0.1:1": {"slip_ms": 30.0, "steps": 100.0, "mean_step_lateness_ms": 0.3}, "http://127.0.0.1:2": None},
-}
+MONITOR = Monitor(
+    loop_lag={"p50_ms": 0.1, "p99_ms": 0.5, "max_ms": 1.0},
+    cpu={"loadgen_cpu_pct": 20.0, "machine_busy_pct": 50.0, "cores": 2.0},
+    sim_slip={"http://127.0.0.1:1": {"slip_ms": 30.0, "steps": 100.0, "mean_step_lateness_ms": 0.3}, "http://127.0.0.1:2": None},
+)
+COMPARISON = Comparison("specgate", ("eagle", "plain"))
 
 
 def run_of(tokens: int, seconds: float, gap: float, backend: str | None = None) -> LevelRun:
@@ -40,19 +36,19 @@ def run_of(tokens: int, seconds: float, gap: float, backend: str | None = None) 
     return LevelRun(0.0, seconds, [record])
 
 
-def target_level(tokens: int, seconds: float, gap: float, backend: str | None = None) -> TargetLevel:
-    return TargetLevel(level_stats(run_of(tokens, seconds, gap, backend)), MONITOR)
+def target_level(tokens: int, seconds: float, gap: float, backend: str | None = None) -> TargetResult:
+    return TargetResult(level_stats(run_of(tokens, seconds, gap, backend)), MONITOR)
 
 
 def envelope_results() -> list[LevelResult]:
     # C=1: eagle 100 tok/s, plain 50, specgate 98 (on eagle); C=2: plain wins, specgate 90% of it.
     return [
-        LevelResult(Level(concurrency=1), 1, {
+        LevelResult(1, None, 1, {
             "eagle": target_level(100, 1.0, 0.005),
             "plain": target_level(50, 1.0, 0.010),
             "specgate": target_level(98, 1.0, 0.0052, backend="eagle"),
         }),
-        LevelResult(Level(concurrency=2), 2, {
+        LevelResult(2, None, 2, {
             "eagle": target_level(60, 1.0, 0.012),
             "plain": target_level(100, 1.0, 0.008),
             "specgate": target_level(90, 1.0, 0.0084, backend="plain"),
@@ -67,23 +63,38 @@ TARGETS = [Target("eagle", "http://e"), Target("plain", "http://p"), Target("spe
 
 def test_envelope_ratios_and_bounds() -> None:
     doc = build_document("envelope", envelope_results(), TARGETS, SETTINGS, "python -m loadtest envelope")
-    ok = add_ratios(doc, [Bound("throughput_ratio", ">=", 0.95), Bound("tpot_ratio", "<=", 1.05)])
-    first, second = doc["levels"]
-    assert first["throughput_ratio"] == pytest.approx(0.98)
-    assert second["throughput_ratio"] == pytest.approx(0.90)
-    assert first["tpot_ratio"] == pytest.approx(0.0052 / 0.005)
-    assert second["tpot_ratio"] == pytest.approx(0.0084 / 0.008)
-    assert not ok
-    tput, tpot = doc["envelope"]["checks"]
-    assert (tput["met"], tput["worst_at"]) == (False, 2) and tput["worst"] == pytest.approx(0.90)
-    assert tpot["met"] and tpot["worst"] == pytest.approx(1.05)
-    assert doc["levels"][0]["targets"]["specgate"]["backend_share"] == {"eagle": 1.0}
+    doc = add_ratios(doc, COMPARISON, [Bound("throughput_ratio", ">=", 0.95), Bound("tpot_ratio", "<=", 1.05)])
+    first, second = doc.levels
+    assert first.ratios["throughput_ratio"] == pytest.approx(0.98)
+    assert second.ratios["throughput_ratio"] == pytest.approx(0.90)
+    assert first.ratios["tpot_ratio"] == pytest.approx(0.0052 / 0.005)
+    assert second.ratios["tpot_ratio"] == pytest.approx(0.0084 / 0.008)
+    assert doc.envelope is not None and not doc.envelope.all_met
+    tput, tpot = doc.envelope.checks
+    assert (tput.met, tput.worst_at) == (False, 2) and tput.worst == pytest.approx(0.90)
+    assert tpot.met and tpot.worst == pytest.approx(1.05)
+    assert first.targets["specgate"].stats.backend_share == {"eagle": 1.0}
+
+
+def test_the_comparison_comes_from_the_data_not_from_fixed_names() -> None:
+    renamed = [
+        LevelResult(lv.concurrency, None, lv.requests, {
+            "eagle-dp": lv.targets["eagle"], "plain-dp": lv.targets["plain"], "gw": lv.targets["specgate"],
+        })
+        for lv in envelope_results()
+    ]
+    targets = [Target("eagle-dp", "http://e"), Target("plain-dp", "http://p"), Target("gw", "http://s")]
+    doc = build_document("envelope", renamed, targets, SETTINGS, "x")
+    doc = add_ratios(doc, Comparison("gw", ("eagle-dp", "plain-dp")), [Bound("throughput_ratio", ">=", 0.8)])
+    assert [lv.ratios["throughput_ratio"] for lv in doc.levels] == pytest.approx([0.98, 0.90])
+    section = "\n".join(envelope_markdown(doc))
+    assert "gw output tok/s / max(eagle-dp, plain-dp)" in section and "| 2 | plain-dp 100.0 |" in section
 
 
 def test_all_files_are_written_and_agree(tmp_path: Path) -> None:
     doc = build_document("envelope", envelope_results(), TARGETS, SETTINGS, "python -m loadtest envelope")
-    add_ratios(doc, [Bound("throughput_ratio", ">=", 0.8)])
-    write_all(doc, tmp_path)
+    doc = add_ratios(doc, COMPARISON, [Bound("throughput_ratio", ">=", 0.8)])
+    write_all(doc, tmp_path, envelope_markdown(doc))
     for name in ("results.json", "results.csv", "throughput.png", "latency.png", "report.md"):
         assert (tmp_path / name).stat().st_size > 0
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -96,14 +107,15 @@ def test_all_files_are_written_and_agree(tmp_path: Path) -> None:
     assert "![output throughput](throughput.png)" in report and "![TPOT and TTFT p50](latency.png)" in report
     assert "throughput_ratio >= 0.8: met" in report
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    assert ResultsDocument.load(tmp_path / "results.json").to_json() == doc.to_json()
 
 
 def test_health_flags_a_lagging_load_generator() -> None:
-    lagging = {**MONITOR, "loop_lag": {"p50_ms": 3.0, "p99_ms": 40.0, "max_ms": 90.0}}
-    results = [LevelResult(Level(concurrency=1), 1, {"a": TargetLevel(level_stats(run_of(10, 1.0, 0.01)), lagging)})]
+    lagging = replace(MONITOR, loop_lag={"p50_ms": 3.0, "p99_ms": 40.0, "max_ms": 90.0})
+    results = [LevelResult(1, None, 1, {"a": TargetResult(level_stats(run_of(10, 1.0, 0.01)), lagging)})]
     doc = build_document("sweep", results, [Target("a", "http://a")], SETTINGS, "x")
-    assert not doc["health"]["ok"]
-    assert doc["health"]["flagged"] == ["a C=1: loop lag p99 40.0 ms"]
+    assert not doc.health.ok
+    assert doc.health.flagged == ("a C=1: loop lag p99 40.0 ms",)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.tokenizer import count_tokens
 from loadtest.records import LevelRun, RequestRecord
 from loadtest.stats import (
     backend_share,
@@ -15,6 +14,7 @@ from loadtest.stats import (
     request_tpot,
     tokens_per_chunk,
 )
+from tokencount import count_tokens
 
 
 def streamed(
@@ -143,9 +143,6 @@ def test_level_stats_from_a_recorded_timeline() -> None:
     assert s.mean_concurrency == pytest.approx((1.1 + 1.5) / 2.0)
     assert s.backend_share == {"eagle": 0.5, "plain": 0.5}
     assert s.mean_chunk_interval_ms == pytest.approx(75.0)  # 100 ms and 50 ms between chunks
-    flat = s.flat()
-    for key in ("output_tok_s", "tpot_p50_ms", "ttft_p50_ms", "itl_p99_ms", "e2e_mean_ms", "backend_share", "errors"):
-        assert key in flat
 
 
 def test_a_level_where_everything_failed_reports_zero_throughput_and_no_latency() -> None:

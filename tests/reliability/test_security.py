@@ -196,10 +196,17 @@ async def _exercise(session: aiohttp.ClientSession, url: str) -> list[tuple[byte
 
 
 class Canary:
-    """A TCP listener that counts every connection made to it: nothing should ever reach it."""
+    """A TCP listener that records every connection made to it: nothing should ever reach it.
+
+    `others()` is the check: it connects once itself (the positive control) and waits until that
+    connection is recorded. The kernel queues completed connections in order and they are accepted
+    in order, so any connection made before the control, such as one the gateway opened while
+    answering a request that has completed, is recorded by then; no waiting on a guess.
+    """
 
     def __init__(self) -> None:
-        self.connections = 0
+        self.peers: list[tuple[str, int]] = []
+        self._arrived = asyncio.Condition()
         self.server: asyncio.Server | None = None
 
     async def __aenter__(self) -> Self:
@@ -217,8 +224,22 @@ class Canary:
         return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
+        async with self._arrived:
+            self.peers.append(writer.get_extra_info("peername")[:2])
+            self._arrived.notify_all()
         writer.close()
+
+    async def others(self, timeout: float = 10.0) -> list[tuple[str, int]]:
+        """Every connection recorded before a control connection of our own was (it must be)."""
+        host, port = self.address.split(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        control = writer.get_extra_info("sockname")[:2]
+        try:
+            async with self._arrived, asyncio.timeout(timeout):
+                await self._arrived.wait_for(lambda: control in self.peers)
+        finally:
+            writer.close()
+        return self.peers[: self.peers.index(control)]
 
 
 async def _raw(url: str, request: bytes, timeout: float = 10.0) -> bytes:
@@ -248,6 +269,17 @@ def _complete(data: bytes) -> bool:
         if name.strip().lower() == b"content-length":
             return len(body) >= int(value)
     return False
+
+
+async def test_the_canary_records_a_connection_made_just_before_the_check() -> None:
+    async with Canary() as canary:
+        host, port = canary.address.split(":")
+        _, early = await asyncio.open_connection(host, int(port))  # not yet accepted by the canary
+        try:
+            elsewhere = await canary.others()
+        finally:
+            early.close()
+    assert elsewhere == [early.get_extra_info("sockname")[:2]]
 
 
 async def test_no_field_header_or_target_can_send_the_gateway_elsewhere(
@@ -282,11 +314,11 @@ async def test_no_field_header_or_target_can_send_the_gateway_elsewhere(
             b"GET //%s/v1/models HTTP/1.1\r\nHost: x\r\n\r\n" % canary.address.encode(),
         ]
         answers = [await _raw(stack.url, request) for request in raw]
-        await asyncio.sleep(0.2)  # a connection attempt would have landed by now
+        elsewhere = await canary.others()
 
     record_property("steering_attempts", len(statuses) + len(answers))
-    record_property("connections_elsewhere", canary.connections)
-    assert canary.connections == 0
+    record_property("connections_elsewhere", len(elsewhere))
+    assert elsewhere == []
     # Each request was either served by a configured backend or refused; none reached anything else.
     assert all(backend in ("eagle", "plain") if status == 200 else 400 <= status < 500 for status, backend in statuses), statuses
     assert all(answer.startswith(b"HTTP/1.1 ") for answer in answers), answers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 
 from backends.sim.tokenizer import (
     CHAT_REPLY_PRIMER_TOKENS,
@@ -11,6 +12,8 @@ from backends.sim.tokenizer import (
     count_chat_tokens,
     count_tokens,
 )
+from loadtest.prompts import PromptFactory
+from tokencount import ONE_TOKEN_WORDS
 
 
 def test_count_rule() -> None:
@@ -40,3 +43,14 @@ def test_pseudo_text_chunks_concatenate() -> None:
     text = PseudoText(seed=0)
     whole = text.text(5, 0, 30)
     assert text.text(5, 0, 10) + text.text(5, 10, 3) + text.text(5, 13, 17) == whole
+
+
+def test_shared_words_are_one_token_each_and_unique() -> None:
+    assert all(count_tokens(word) == 1 for word in ONE_TOKEN_WORDS)
+    assert len(set(ONE_TOKEN_WORDS)) == len(ONE_TOKEN_WORDS)
+
+
+def test_seeded_text_and_prompts_are_pinned() -> None:
+    # The word list and the rule moved to `tokencount`; a seed must keep giving the same bytes.
+    assert zlib.crc32(PseudoText(seed=0).text(0, 0, 8192).encode()) == 2341596212
+    assert zlib.crc32(PromptFactory(64, 8, seed=0).next().prompt.encode()) == 38210480

@@ -14,7 +14,7 @@ from pathlib import Path
 from backends.sim.profiles import DEFAULT_PROFILE, Profile, RoleProfile, load_profile
 
 # Chunks per second (summed over all streams) for the simulator + gateway + load generator on this
-# 2-core machine: `python -m loadtest.chunk_budget` measured TPOT within 1% of the model up to
+# 2-core machine: `python -m benchmarks.chunk_budget` measured TPOT within 1% of the model up to
 # ~4,700/s through specgate and 5% off at 7,000/s (docs/benchmarks/loadtest-chunk-budget.md);
 # half the good rate leaves room for a machine that is also busy with other work.
 CHUNK_BUDGET = 2000.0

@@ -1,4 +1,4 @@
-"""The envelope: the simulated stack started here, swept direct and through specgate, and the ratios.
+"""The envelope's run: the simulated stack started here and swept direct and through specgate.
 
 The gateway is started exactly as a user would (`specgate serve --config <generated TOML>`); it
 starts the simulated EAGLE and plain servers itself. The direct targets are those same two
@@ -13,7 +13,6 @@ import asyncio
 import shutil
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,9 +24,9 @@ import tomli_w
 from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready
 from loadtest.monitor import CpuMeter, descendants
-from loadtest.report import build_document
+from loadtest.results import Comparison, LevelResult
 from loadtest.slip import SlipProbe
-from loadtest.sweep import LevelResult, Progress, Sweep, SweepSettings, Target
+from loadtest.sweep import Progress, Sweep, SweepSettings, Target
 
 Topology = Literal["partitioned", "colocated"]
 DIRECT = ("eagle", "plain")
@@ -46,21 +45,6 @@ class StackSettings:
     time_scale: float = 1.0
     seed: int = 0
     eagle_max_running_requests: int | None = None  # None: the profile's own cap
-
-
-@dataclass(frozen=True)
-class Bound:
-    """A bound the envelope is checked against: a per-level ratio key, `>=` or `<=` a value."""
-
-    name: str
-    op: Literal[">=", "<="]
-    value: float
-
-    def holds(self, ratio: float | None) -> bool:
-        """Whether a level's ratio satisfies the bound (a missing ratio does not)."""
-        if ratio is None:
-            return False
-        return ratio >= self.value if self.op == ">=" else ratio <= self.value
 
 
 @dataclass(frozen=True)
@@ -123,30 +107,6 @@ def adaptive_argv(stack: StackSettings, port: int) -> list[str]:
     return argv
 
 
-def add_ratios(doc: dict[str, Any], bounds: Sequence[Bound]) -> bool:
-    """Add each level's envelope ratios and the bound checks to `doc`; True when all bounds hold.
-
-    throughput_ratio = specgate output tok/s / max(eagle, plain);
-    tpot_ratio = specgate TPOT p50 / min(eagle, plain).
-    """
-    for level in doc["levels"]:
-        t = level["targets"]
-        best_tp = max(t[n]["output_tok_s"] for n in DIRECT)
-        level["throughput_ratio"] = t["specgate"]["output_tok_s"] / best_tp if best_tp > 0 else None
-        tpots = [t[n]["tpot_p50_ms"] for n in DIRECT if t[n]["tpot_p50_ms"] is not None]
-        spec_tpot = t["specgate"]["tpot_p50_ms"]
-        level["tpot_ratio"] = spec_tpot / min(tpots) if tpots and spec_tpot is not None else None
-    checks = []
-    for bound in bounds:
-        measured = [(lv[bound.name], lv["concurrency"]) for lv in doc["levels"] if lv[bound.name] is not None]
-        pick = min if bound.op == ">=" else max
-        worst, worst_at = pick(measured, key=lambda rc: rc[0]) if measured else (float("nan"), None)
-        met = len(measured) == len(doc["levels"]) and all(bound.holds(r) for r, _ in measured)
-        checks.append({"name": bound.name, "op": bound.op, "bound": bound.value, "met": met, "worst": worst, "worst_at": worst_at})
-    doc["envelope"] = {"checks": checks, "all_met": all(c["met"] for c in checks)}
-    return doc["envelope"]["all_met"]
-
-
 class Envelope:
     """Starts the stack, sweeps it, stops it (on every path), and returns the results document."""
 
@@ -169,6 +129,10 @@ class Envelope:
         if p.adaptive is not None:
             targets.append(Target("adaptive", f"http://127.0.0.1:{p.adaptive}"))
         return targets
+
+    def comparison(self) -> Comparison:
+        """specgate judged against the two servers it routes to (not the colocated `adaptive`)."""
+        return Comparison("specgate", DIRECT)
 
     async def run(self, command: str) -> tuple[list[LevelResult], dict[str, Any]]:
         """Run the envelope; returns the level results and what the stack looked like."""
@@ -221,54 +185,3 @@ class Envelope:
                     break
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"the gateway never saw both backends ready; its last output:\n{gateway.last_lines()}")
-
-
-def envelope_document(
-    results: Sequence[LevelResult],
-    envelope: Envelope,
-    stack_info: dict[str, Any],
-    command: str,
-    bounds: Sequence[Bound],
-    time_scale_note: str,
-) -> tuple[dict[str, Any], bool]:
-    """results.json of an envelope run, with ratios and checks; also whether every bound held."""
-    stack = envelope.stack
-    profile = stack.profile or str(stack.profile_file)
-    params = ", ".join(f"{k}={v}" for k, v in stack.policy_params.items())
-    extra = {
-        "title": f"Envelope: {profile}, {stack.topology}, policy {stack.policy}" + (f" ({params})" if params else ""),
-        "stack": {
-            "profile": stack.profile,
-            "profile_file": str(stack.profile_file) if stack.profile_file else None,
-            "topology": stack.topology,
-            "policy": stack.policy,
-            "policy_params": stack.policy_params,
-            "eagle_max_running_requests": stack.eagle_max_running_requests,
-            "time_scale": stack.time_scale,
-            "time_scale_note": time_scale_note,
-            **stack_info,
-        },
-        "preamble": [_targets_sentence(stack.topology), _scale_sentence(stack.time_scale, time_scale_note)],
-    }
-    doc = build_document("envelope", results, envelope.targets(), envelope.settings, command, extra)
-    ok = add_ratios(doc, bounds)
-    return doc, ok
-
-
-def _targets_sentence(topology: Topology) -> str:
-    adaptive = (
-        ", `adaptive` is one server that speculates only at low batch sizes (SGLang `--speculative-adaptive` style)"
-        if topology == "colocated"
-        else ""
-    )
-    return (
-        "Targets: `eagle` and `plain` are the simulated SGLang servers called directly; `specgate` is the gateway "
-        f"in front of those same two servers{adaptive}."
-    )
-
-
-def _scale_sentence(scale: float, note: str) -> str:
-    return (
-        f"Simulator time scale {scale:g} ({note}): every modelled duration is multiplied by it, "
-        "so absolute tok/s are the model's divided by it; ratios between targets are unaffected."
-    )

@@ -7,7 +7,7 @@ model's, the load generator's loop lag, CPU use and the simulator's step latenes
 rate whose numbers stay within the report's limits (and whose TPOT stays within 3% of the model)
 is the `CHUNK_BUDGET` that `--time-scale auto` uses.
 
-    python -m loadtest.chunk_budget [--concurrency 64] [--scales 14,7,5,3.5,2.5]
+    python -m benchmarks.chunk_budget [--concurrency 64] [--scales 14,7,5,3.5,2.5]
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from rich.console import Console
 
 from backends.process import Child
 from backends.readiness import wait_until_ready
-from loadtest.envelope import Ports, StackSettings, gateway_config, specgate_executable
+from loadtest.envelope.harness import Ports, StackSettings, gateway_config, specgate_executable
+from loadtest.envelope.timescale import chunk_rate, profile_for
 from loadtest.monitor import CpuMeter, descendants
 from loadtest.progress import PlainProgress
-from loadtest.report import sim_lateness
 from loadtest.slip import SlipProbe
 from loadtest.sweep import Level, RequestsPerLevel, Sweep, SweepSettings, Target
-from loadtest.timescale import chunk_rate, profile_for
 
 PROFILE = "llama8b-h100"
 
@@ -55,20 +54,20 @@ async def _one_scale(scale: float, concurrency: int, rounds: int, output_len: in
     model = profile_for(PROFILE, None)
     model_tpot_ms = model.tpot_s("plain", concurrency) * 1000 * scale
     rows = []
-    for name, tl in results[0].targets.items():
-        mon = tl.monitor
-        lateness = sim_lateness(mon)
+    for name, result in results[0].targets.items():
+        mon = result.monitor
+        lateness = mon.sim_lateness_ms()
         rows.append({
             "target": name,
             "scale": scale,
             "chunks_s": chunk_rate(model.plain, concurrency) / scale,
-            "tpot_p50_ms": tl.stats.tpot.p50 or 0.0,
-            "tpot_vs_model": (tl.stats.tpot.p50 or 0.0) / model_tpot_ms,
-            "loop_lag_p99_ms": mon["loop_lag"]["p99_ms"] or 0.0,  # type: ignore[index]
-            "loadgen_cpu_pct": mon["cpu"]["loadgen_cpu_pct"],  # type: ignore[index]
-            "gateway_cpu_pct": mon["cpu"]["gateway_cpu_pct"],  # type: ignore[index]
-            "sims_cpu_pct": mon["cpu"]["sims_cpu_pct"],  # type: ignore[index]
-            "machine_busy_pct": mon["cpu"]["machine_busy_pct"],  # type: ignore[index]
+            "tpot_p50_ms": result.stats.tpot.p50 or 0.0,
+            "tpot_vs_model": (result.stats.tpot.p50 or 0.0) / model_tpot_ms,
+            "loop_lag_p99_ms": mon.loop_lag_p99_ms or 0.0,
+            "loadgen_cpu_pct": mon.cpu["loadgen_cpu_pct"],
+            "gateway_cpu_pct": mon.cpu["gateway_cpu_pct"],
+            "sims_cpu_pct": mon.cpu["sims_cpu_pct"],
+            "machine_busy_pct": mon.cpu["machine_busy_pct"],
             "sim_step_lateness_ms": max(lateness) if lateness else 0.0,
         })
     return rows

@@ -12,13 +12,15 @@ import uvloop
 from rich.console import Console
 
 from gateway.config import PolicyConfig
-from loadtest.envelope import Bound, Envelope, StackSettings, envelope_document
+from loadtest.envelope.comparison import Bound, check_text, envelope_markdown
+from loadtest.envelope.document import envelope_document
+from loadtest.envelope.harness import Envelope, StackSettings
+from loadtest.envelope.timescale import auto_time_scale, profile_for
 from loadtest.options import bad_parameter, parse_requests
 from loadtest.progress import progress_for
 from loadtest.report import command_line, write_all
 from loadtest.sweep import SweepSettings, parse_levels
 from loadtest.table import summary_table, table_console
-from loadtest.timescale import auto_time_scale, profile_for
 
 DEFAULT_LEVELS = "1,2,4,8,16,32,64"
 
@@ -181,12 +183,12 @@ def envelope(
             raise SystemExit(exc.exit_code) from None
         except (RuntimeError, TimeoutError) as exc:
             raise click.ClickException(str(exc)) from None
-    doc, ok = envelope_document(results, runner, stack_info, command, bounds, note)
-    write_all(doc, out_dir)
+    doc = envelope_document(results, runner, stack_info, command, bounds, note)
+    assert doc.envelope is not None
+    write_all(doc, out_dir, envelope_markdown(doc))
     table_console().print(summary_table(doc))
-    for check in doc["envelope"]["checks"]:
-        verdict = "met" if check["met"] else "NOT MET"
-        console.print(f"{check['name']} {check['op']} {check['bound']}: {verdict} (worst {check['worst']:.3f} at C={check['worst_at']})")
+    for check in doc.envelope.checks:
+        console.print(check_text(check, not_met="NOT MET"))
     console.print(f"wrote {out_dir}/results.json, results.csv, throughput.png, latency.png, report.md")
-    if not ok:
+    if not doc.envelope.all_met:
         raise SystemExit(1)

@@ -1,6 +1,6 @@
 """Regenerate the envelope reports committed under docs/benchmarks/ (one command, run one after another).
 
-    python -m loadtest.publish [--out docs/benchmarks] [--only NAME ...]
+    python -m benchmarks.publish [--out docs/benchmarks] [--only NAME ...]
 """
 
 from __future__ import annotations

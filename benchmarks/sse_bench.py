@@ -5,7 +5,7 @@ long-lived aiohttp session with each decoder and reports client CPU microseconds
 (every variant also JSON-decodes each event with orjson, as the load generator does).
 
     pip install httpx-sse==0.4.3 aiohttp-sse-client2==0.3.0   # the libraries compared against
-    python -m loadtest.sse_bench [--streams 64] [--events 400] [--rounds 3]
+    python -m benchmarks.sse_bench [--streams 64] [--events 400] [--rounds 3]
 """
 
 from __future__ import annotations
