@@ -1,8 +1,17 @@
-"""The routing decision: which backend serves the next request.
+"""The routing decision's interface: `Policy`, `Decision`, `Completion`, and `route`.
 
-A policy is a small object whose `choose` is a pure function of a `PoolSnapshot` (so each rule can be
-tested with plain data); `route` adds what every policy shares: the forced-route header, and
-falling back to the other backend when the chosen one cannot serve.
+A policy is a small object with three steps, each called from one place:
+
+- `choose(snapshot)` is a pure function of a `PoolSnapshot` and of what the policy has learned so
+  far: it changes nothing, so each rule can be tested with plain data and asked again freely;
+- `routed(snapshot, decision)` records that a request was placed as the policy decided, once, after
+  its slot was taken (per-decision state, such as how long a backend went without traffic, changes
+  here only);
+- `observe(completion)` learns from a finished response.
+
+`route` adds what every policy shares: the forced-route header, and falling back to another
+backend when the chosen one cannot serve; `failover` is the one path that moves a request whose
+backend could not be reached.
 """
 
 from __future__ import annotations
@@ -12,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import PolicyConfig
 from gateway.pool import PoolSnapshot
+
+FAILOVER = "failover_retry"  # the reason label of a request moved after a connection failure
 
 
 @dataclass(frozen=True)
@@ -33,7 +43,7 @@ class Completion:
     ttft: float  # seconds from dispatch to the first content chunk
     decode_seconds: float  # first to last content chunk
     mean_inflight: float  # the backend's mean in-flight count while this request decoded
-    mean_pool_inflight: float  # the same for all backends together
+    mean_group_inflight: float  # the same for all backends of its group (those sharing its GPUs)
 
 
 class Policy(ABC):
@@ -43,7 +53,16 @@ class Policy(ABC):
 
     @abstractmethod
     def choose(self, snapshot: PoolSnapshot) -> Decision:
-        """Pick a backend for one more request, given the pool as it is now (before adding it)."""
+        """Pick a backend for one more request, given the pool as it is now (before adding it).
+
+        Pure: reads the snapshot and the policy's beliefs, changes neither.
+        """
+
+    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:  # noqa: B027 - static policies keep no state
+        """Record a request placed as `decision` says on the pool `snapshot` showed; once per request.
+
+        Called for the policy's own decisions (fallback and failover included), never for forced routes.
+        """
 
     def observe(self, completion: Completion) -> None:  # noqa: B027 - static policies learn nothing
         """Learn from a finished response."""
@@ -51,75 +70,9 @@ class Policy(ABC):
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:  # noqa: B027 - static policies need no live view
         """Give the policy a live view of the pool, for beliefs that depend on the current load."""
 
-    @property
-    @abstractmethod
-    def eagle_cap(self) -> int:
-        """The most requests this policy sends the speculative backend at once (sizes its server)."""
-
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """Policy name, parameters and beliefs, for /admin/status."""
-
-
-class ThresholdPolicy(Policy):
-    """EAGLE while the total in-flight before this request is below `threshold`, else plain."""
-
-    name = "threshold"
-
-    def __init__(self, threshold: int) -> None:
-        self.threshold = threshold
-
-    def choose(self, snapshot: PoolSnapshot) -> Decision:
-        if snapshot.total_inflight < self.threshold:
-            return Decision(snapshot.speculative.name, "below_threshold")
-        return Decision(snapshot.plain.name, "at_or_above_threshold")
-
-    @property
-    def eagle_cap(self) -> int:
-        return max(self.threshold, 1)
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "threshold": self.threshold}
-
-
-class SpillPolicy(Policy):
-    """EAGLE while its own in-flight is below `eagle_max_inflight`, the overflow to plain.
-
-    Under load this keeps the EAGLE server busy at its sweet spot instead of idle, so in a
-    partitioned node its GPUs add to the plain server's throughput.
-    """
-
-    name = "spill"
-
-    def __init__(self, eagle_max_inflight: int) -> None:
-        self.eagle_max_inflight = eagle_max_inflight
-
-    def choose(self, snapshot: PoolSnapshot) -> Decision:
-        if snapshot.speculative.inflight < self.eagle_max_inflight:
-            return Decision(snapshot.speculative.name, "eagle_below_cap")
-        return Decision(snapshot.plain.name, "eagle_at_cap")
-
-    @property
-    def eagle_cap(self) -> int:
-        return max(self.eagle_max_inflight, 1)
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "eagle_max_inflight": self.eagle_max_inflight}
-
-
-def make_policy(config: PolicyConfig) -> Policy:
-    """Build the configured policy."""
-    if config.name == "threshold":
-        return ThresholdPolicy(config.threshold)
-    if config.name == "spill":
-        return SpillPolicy(config.eagle_max_inflight)
-    if config.name == "adaptive":
-        from gateway.adaptive import (
-            AdaptivePolicy,  # imported here: it builds on this module's interface
-        )
-
-        return AdaptivePolicy.from_config(config)
-    raise ValueError(f"unknown policy {config.name!r}")
 
 
 def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None) -> Decision | None:
@@ -137,3 +90,14 @@ def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None) -> 
         if other.available:
             return Decision(other.name, "fallback_unavailable")
     return None
+
+
+def failover(policy: Policy, snapshot: PoolSnapshot, failed: str) -> Decision | None:
+    """Where a request goes after `failed` refused its connection (already marked down in `snapshot`).
+
+    The policy decides again on the pool as it is now; None when that leaves no other backend.
+    """
+    decision = route(policy, snapshot)
+    if decision is None or decision.backend == failed:
+        return None
+    return Decision(decision.backend, FAILOVER)
