@@ -226,6 +226,15 @@ def test_colocated_compares_whole_load_on_one_server() -> None:
     assert steady(colocated, 0, 0) == Decision("eagle", "adaptive_predicted_faster")
 
 
+def test_colocated_predictions_count_only_the_backends_sharing_gpus() -> None:
+    """The load a prediction uses is the backend's group's: with each backend alone in its group,
+    a co-located policy decides as a partitioned one does."""
+    colocated = trained(FIELD_EAGLE, FIELD_PLAIN, colocated=True)
+    recent_traffic(colocated)
+    assert colocated.choose(snap(0, 1)) == Decision("eagle", "adaptive_predicted_faster")
+    assert colocated.choose(shared(0, 1)) == Decision("plain", "adaptive_predicted_faster")
+
+
 def test_colocated_learns_only_from_responses_that_had_the_gpu_to_themselves() -> None:
     policy = trained(FIELD_EAGLE, FIELD_PLAIN, colocated=True)
     before = policy.beliefs()["backends"]["plain"]
