@@ -22,6 +22,7 @@ ARG PYTHON_IMAGE=python:3.12.12-slim-trixie
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY specgate ./specgate
 COPY gateway ./gateway
 COPY backends ./backends
 COPY loadtest ./loadtest

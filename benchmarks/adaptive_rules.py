@@ -27,9 +27,9 @@ from pathlib import Path
 import click
 
 from backends.sim.profiles import load_profile
-from gateway.adaptive import AdaptivePolicy
+from gateway.policies import AdaptivePolicy
 from gateway.pool import BackendView, PoolSnapshot
-from gateway.routing import Completion
+from gateway.policy import Completion
 from benchmarks.output import publish
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -129,7 +129,7 @@ def choose_cost() -> tuple[float, float]:
     )
     snapshots = [views(n) for n in range(1000)]
     for n in range(400):
-        policy.choose(snapshots[n])
+        policy.routed(snapshots[n], policy.choose(snapshots[n]))
         policy.observe(Completion("eagle", 129, 0.01, 0.6, 1 + n % 30, 40.0))
         policy.observe(Completion("plain", 129, 0.01, 0.7, 1 + n % 60, 40.0))
     calls = 200_000

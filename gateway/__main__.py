@@ -1,5 +1,5 @@
-"""`python -m gateway` is the `specgate` command."""
+"""`python -m gateway` is the `specgate` command (kept for existing callers; `python -m specgate` is the same)."""
 
-from gateway.cli import main
+from specgate.cli import main
 
 main()

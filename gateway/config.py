@@ -25,6 +25,7 @@ from backends.config import LaunchConfig
 
 EAGLE = "eagle"
 PLAIN = "plain"
+COLOCATED_GROUP = "colocated"  # the one group of external backends declared co-located by the policy flag
 
 
 class _Section(BaseModel):
@@ -52,6 +53,11 @@ class BackendConfig(_Section):
         default=None, description="upstream model id; read from its /v1/models when unset"
     )
     max_connections: int = 1024
+    group: str | None = Field(
+        default=None,
+        description="backends of one group share GPUs; unset: a group of its own "
+        "(or, with policy.adaptive_colocated = true and no group named anywhere, one group of all)",
+    )
 
 
 class PolicyConfig(_Section):
@@ -86,6 +92,15 @@ class PolicyConfig(_Section):
         default=None,
         description="adaptive: both servers share GPUs (steps serialize); unset: the [launch] topology when launching",
     )
+
+    @property
+    def eagle_cap(self) -> int:
+        """The most requests this policy sends the speculative backend at once (sizes its server)."""
+        if self.name == "threshold":
+            return max(self.threshold, 1)
+        if self.name == "spill":
+            return max(self.eagle_max_inflight, 1)
+        return self.adaptive_eagle_cap
 
 
 class TimeoutConfig(_Section):
@@ -137,9 +152,25 @@ class Settings(BaseSettings):
         names = [b.name for b in self.backends]
         if len(set(names)) != len(names):
             raise ValueError(f"backend names must be unique, got {names}")
+        groups: dict[str, list[BackendConfig]] = {}
+        for backend in self.grouped_backends:
+            groups.setdefault(backend.group or backend.name, []).append(backend)
+        for group, members in groups.items():
+            kinds = [b.speculative for b in members]
+            if kinds.count(True) > 1 or kinds.count(False) > 1:
+                raise ValueError(f"group {group!r} may hold at most one speculative and one plain backend")
         if self.backends and sorted(b.speculative for b in self.backends) != [False, True]:
             raise ValueError("configure exactly one speculative and one plain backend")
         return self
+
+    @property
+    def grouped_backends(self) -> list[BackendConfig]:
+        """`backends` with each one's group filled in: its own, its name, or the co-located group."""
+        one_group = self.policy.adaptive_colocated is True and all(b.group is None for b in self.backends)
+        return [
+            b if b.group is not None else b.model_copy(update={"group": COLOCATED_GROUP if one_group else b.name})
+            for b in self.backends
+        ]
 
     @property
     def launches_backends(self) -> bool:

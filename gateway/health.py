@@ -28,12 +28,12 @@ class HealthChecker:
         self._upstreams = upstreams
         self._config = config
         self._tasks: list[asyncio.Task[None]] = []
-        self._wake: dict[str, asyncio.Event] = {}
+        # One per backend from the start, so a report before `start` (or after `stop`) is still recorded.
+        self._wake = {backend.name: asyncio.Event() for backend in pool}
 
     def start(self) -> None:
         """Start one polling task per backend."""
         for backend in self._pool:
-            self._wake[backend.name] = asyncio.Event()
             self._tasks.append(asyncio.create_task(self._watch(backend), name=f"health-{backend.name}"))
 
     async def stop(self) -> None:

@@ -4,6 +4,10 @@ The in-flight count is the routing signal, so it must be exact: a `Slot` is take
 is routed and released exactly once when its response ends, on every path (finished, error,
 timeout, client gone). Like SMG's guard objects, the slot is tied to the response's lifetime by
 `try/finally` in the code that owns the response body, never by bookkeeping spread around.
+
+Backends of one group share GPUs (co-located servers take turns on them); a backend named in no
+group is a group of its own. The pool keeps each backend's load integral, so a slot can tell
+the mean load its request decoded under, on its backend and on its group.
 """
 
 from __future__ import annotations
@@ -32,6 +36,20 @@ class BackendView:
     speculative: bool
     available: bool
     inflight: int
+    group: str = ""  # empty: a group of its own (named after the backend)
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            object.__setattr__(self, "group", self.name)
+
+
+@dataclass(frozen=True)
+class DecodeWindow:
+    """One response's decode window (first to last token) and the mean load it ran under."""
+
+    seconds: float
+    mean_inflight: float  # its backend's mean in-flight count over the window
+    mean_group_inflight: float  # the same for all backends of that backend's group
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,10 @@ class PoolSnapshot:
     @property
     def total_inflight(self) -> int:
         return sum(b.inflight for b in self.backends)
+
+    def group_inflight(self, view: BackendView) -> int:
+        """The in-flight count of all backends in `view`'s group (its own when it is alone)."""
+        return sum(b.inflight for b in self.backends if b.group == view.group)
 
     def get(self, name: str) -> BackendView:
         for b in self.backends:
@@ -67,6 +89,7 @@ class Backend:
     url: str
     speculative: bool
     served_model_name: str | None = None
+    group: str = ""  # empty: a group of its own (named after the backend)
     model_card: dict[str, object] | None = None
     health: Health = Health.STARTING
     health_detail: str = ""
@@ -75,6 +98,9 @@ class Backend:
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
     _load_since: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.group = self.group or self.name
 
     @property
     def available(self) -> bool:
@@ -92,15 +118,22 @@ class Backend:
 
 
 class Slot:
-    """One routed request's hold on a backend; `release()` is idempotent."""
+    """One routed request's hold on a backend, and the load its response decoded under.
 
-    __slots__ = ("backend", "_pool", "_released", "acquired_at")
+    `release()` is idempotent; `move_to` re-homes the hold before any byte was exchanged (failover);
+    `mark_token` stamps each generated token, so `decode_window` can tell the request's mean load.
+    """
+
+    __slots__ = ("backend", "_pool", "_released", "acquired_at", "_first", "_last")
 
     def __init__(self, pool: Pool, backend: Backend) -> None:
         self._pool = pool
         self.backend = backend
         self._released = False
         self.acquired_at = time.monotonic()
+        # (time, backend load area, group load area) at the first and the latest token.
+        self._first: tuple[float, float, float] | None = None
+        self._last: tuple[float, float, float] | None = None
 
     @property
     def released(self) -> bool:
@@ -112,6 +145,32 @@ class Slot:
             return
         self._released = True
         self._pool._release(self.backend)
+
+    def move_to(self, name: str) -> None:
+        """Hold backend `name` instead: the old one's count drops by one, the new one's rises by one."""
+        if self._released:
+            raise RuntimeError("a released slot cannot move")
+        if self._first is not None:
+            raise RuntimeError("a slot cannot move once its response has started")
+        self._pool._release(self.backend)
+        self.backend = self._pool._take(name)
+
+    def mark_token(self, now: float) -> None:
+        """A chunk carrying generated tokens arrived at `now` (time.monotonic())."""
+        mark = (now, self.backend.load_area(now), self._pool.group_load_area(self.backend.group, now))
+        if self._first is None:
+            self._first = mark
+        self._last = mark
+
+    def decode_window(self) -> DecodeWindow | None:
+        """First to last token and the mean loads over it; None before two tokens at distinct times."""
+        if self._first is None or self._last is None:
+            return None
+        (t0, area0, group0), (t1, area1, group1) = self._first, self._last
+        seconds = t1 - t0
+        if seconds <= 0.0:
+            return None
+        return DecodeWindow(seconds, (area1 - area0) / seconds, (group1 - group0) / seconds)
 
 
 class Pool:
@@ -139,23 +198,28 @@ class Pool:
     def total_inflight(self) -> int:
         return sum(b.inflight for b in self._backends.values())
 
-    def load_area(self, now: float) -> float:
-        """Integral of the total in-flight count from process start to `now` (request-seconds)."""
-        return sum(b.load_area(now) for b in self._backends.values())
+    def group_load_area(self, group: str, now: float) -> float:
+        """Integral of the in-flight count of `group`'s backends from process start to `now`."""
+        return sum(b.load_area(now) for b in self._backends.values() if b.group == group)
 
     def snapshot(self) -> PoolSnapshot:
         """The current state as plain data for a policy."""
         return PoolSnapshot(
-            tuple(BackendView(b.name, b.speculative, b.available, b.inflight) for b in self._backends.values())
+            tuple(
+                BackendView(b.name, b.speculative, b.available, b.inflight, b.group) for b in self._backends.values()
+            )
         )
 
     def acquire(self, name: str) -> Slot:
         """Take an in-flight slot on backend `name`."""
+        return Slot(self, self._take(name))
+
+    def _take(self, name: str) -> Backend:
         backend = self._backends[name]
         backend._change(+1)
         backend.served += 1
         self._idle.clear()
-        return Slot(self, backend)
+        return backend
 
     def _release(self, backend: Backend) -> None:
         backend._change(-1)

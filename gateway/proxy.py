@@ -1,8 +1,9 @@
 """One proxied generation request, from routing decision to the last byte sent to the client.
 
 `ProxyResponse` is an ASGI response that owns the whole upstream exchange, so everything tied to the
-request's lifetime lives in one `try/finally`: the in-flight slot, the upstream connection and the
-metrics. It races the exchange against the client's disconnect; when the client leaves first
+request's lifetime lives in one `try/finally`: the in-flight slot (released there and nowhere
+else), the upstream connection and the metrics. What a response teaches the policy (its decode
+window and the load it ran under) is measured by the slot, not here. It races the exchange against the client's disconnect; when the client leaves first
 (even while SGLang is still queueing or prefilling and has sent no header yet) the exchange is
 cancelled, which closes the upstream connection, which makes SGLang abort the request.
 """
@@ -21,9 +22,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import OpenAIError, upstream_error
-from gateway.pool import Backend, Slot
+from gateway.policy import Completion, Decision, failover, route
+from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.relay import DONE, relay_stream
-from gateway.routing import Completion, Decision, route
 from gateway.runtime import Runtime
 
 log = logging.getLogger("specgate.proxy")
@@ -68,13 +69,8 @@ class ProxyResponse(Response):
         self._rt = runtime
         self._job = job
         self._slot: Slot | None = None
-        self._retried = False
         self._status = _CLIENT_GONE
         self._streaming = False  # stream headers sent: an interruption must end it with an error event
-        self._area_first = 0.0
-        self._area_last = 0.0
-        self._pool_area_first = 0.0
-        self._pool_area_last = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         work = asyncio.create_task(self._serve(send))
@@ -145,15 +141,36 @@ class ProxyResponse(Response):
             raise OpenAIError(
                 429, "too many requests in flight, retry shortly", code="overloaded", headers={"Retry-After": "1"}
             )
-        decision = route(rt.policy, rt.pool.snapshot(), job.forced)
+        snapshot = rt.pool.snapshot()
+        decision = route(rt.policy, snapshot, job.forced)
         if decision is None:
             target = f"backend {job.forced!r} is" if job.forced else "no backend is"
             raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
-        self._take(decision)
+        self._slot = rt.pool.acquire(decision.backend)
+        self._placed(snapshot, decision)
 
-    def _take(self, decision: Decision) -> None:
+    def _fail_over(self, failed: str) -> bool:
+        """Move the request off `failed`, which refused the connection; False when there is nowhere to go.
+
+        A forced request is never moved.
+        """
+        rt, slot = self._rt, self._slot
+        assert slot is not None
+        if self._job.forced is not None:
+            return False
+        snapshot = rt.pool.snapshot()
+        decision = failover(rt.policy, snapshot, failed)
+        if decision is None:
+            return False
+        slot.move_to(decision.backend)
+        self._placed(snapshot, decision)
+        return True
+
+    def _placed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+        """The request holds its slot where `decision` says: count it, and tell the policy that chose it."""
         self._rt.metrics.route_decisions.labels(decision.backend, decision.reason).inc()
-        self._slot = self._rt.pool.acquire(decision.backend)
+        if self._job.forced is None:
+            self._rt.policy.routed(snapshot, decision)
 
     def _encode(self, served_model: str | None) -> bytes:
         job = self._job
@@ -174,6 +191,7 @@ class ProxyResponse(Response):
         """Send upstream; a connection failure before any byte is retried once on the other backend."""
         rt, job = self._rt, self._job
         rt.metrics.overhead.observe(time.monotonic() - job.arrived_at)
+        moved = False
         while True:
             backend = self._backend
             try:
@@ -181,14 +199,11 @@ class ProxyResponse(Response):
             except aiohttp.ClientConnectionError as exc:
                 rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
                 rt.health.report_unreachable(backend.name, type(exc).__name__)
-                other = None if job.forced else route(rt.policy, rt.pool.snapshot())
-                if other is None or other.backend == backend.name or self._retried:
+                if moved or not self._fail_over(backend.name):
                     raise OpenAIError(
                         502, f"backend {backend.name} is unreachable", code="upstream_unreachable", type="server_error"
                     ) from exc
-                self._retried = True
-                self._slot.release()  # type: ignore[union-attr]
-                self._take(Decision(other.backend, "failover_retry"))
+                moved = True
             except TimeoutError as exc:
                 rt.metrics.upstream_errors.labels(backend.name, "first_byte_timeout").inc()
                 rt.health.report_timeout(backend.name, "first-byte timeout")
@@ -256,11 +271,9 @@ class ProxyResponse(Response):
         itl = rt.metrics.itl.labels(backend.name)
 
         def on_token(now: float, first: bool) -> None:
-            area, pool_area = backend.load_area(now), rt.pool.load_area(now)
+            slot.mark_token(now)
             if first:
-                self._area_first, self._pool_area_first = area, pool_area
                 rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
-            self._area_last, self._pool_area_last = area, pool_area
 
         await send(
             {
@@ -285,7 +298,6 @@ class ProxyResponse(Response):
             on_gap=itl.observe,
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        slot.release()  # the client has its whole answer; the slot ends with the body
         if result.error_kind is not None:
             rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
             if result.error_kind in ("idle_timeout",):
@@ -293,19 +305,18 @@ class ProxyResponse(Response):
             return
         self._count_usage(backend.name, result.usage)
         tokens = int((result.usage or {}).get("completion_tokens") or 0)
-        if tokens >= 2 and result.first_token_at is not None and result.last_token_at is not None:
-            decode = result.last_token_at - result.first_token_at
-            if decode > 0:
-                rt.policy.observe(
-                    Completion(
-                        backend=backend.name,
-                        output_tokens=tokens,
-                        ttft=result.first_token_at - job.arrived_at,
-                        decode_seconds=decode,
-                        mean_inflight=(self._area_last - self._area_first) / decode,
-                        mean_pool_inflight=(self._pool_area_last - self._pool_area_first) / decode,
-                    )
+        window = slot.decode_window()
+        if tokens >= 2 and window is not None and result.first_token_at is not None:
+            rt.policy.observe(
+                Completion(
+                    backend=backend.name,
+                    output_tokens=tokens,
+                    ttft=result.first_token_at - job.arrived_at,
+                    decode_seconds=window.seconds,
+                    mean_inflight=window.mean_inflight,
+                    mean_group_inflight=window.mean_group_inflight,
                 )
+            )
 
     def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> None:
         if not usage:

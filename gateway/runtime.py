@@ -12,8 +12,8 @@ from typing import Any
 from gateway.config import BackendConfig, Settings
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
+from gateway.policy import Policy
 from gateway.pool import Backend, Pool
-from gateway.routing import Policy
 from gateway.upstream import UpstreamClient
 
 ENDPOINTS = ("chat", "completions")
@@ -27,7 +27,10 @@ class Runtime:
         self.policy = policy
         self.metrics = metrics
         self.pool = Pool(
-            [Backend(b.name, b.url.rstrip("/"), b.speculative, served_model_name=b.served_model_name) for b in backends]
+            [
+                Backend(b.name, b.url.rstrip("/"), b.speculative, served_model_name=b.served_model_name, group=b.group or "")
+                for b in backends
+            ]
         )
         self.upstreams = {
             b.name: UpstreamClient(

@@ -32,7 +32,7 @@ from gateway.app import create_app
 from gateway.config import BackendConfig, Settings, load_settings
 from gateway.http_protocol import GatewayHttpProtocol
 from gateway.metrics import GatewayMetrics
-from gateway.routing import make_policy
+from gateway.policies import make_policy
 from gateway.runtime import Runtime
 
 log = logging.getLogger("specgate")
@@ -98,13 +98,13 @@ async def run(settings: Settings) -> None:
     lifecycle.install()
     policy = make_policy(settings.resolved_policy)
     metrics = GatewayMetrics()
-    backends = list(settings.backends)
+    backends = settings.grouped_backends
     supervisor: Supervisor | None = None
     sock = _bind(settings.server.host, settings.server.port)
     try:
         if settings.launches_backends:
             launch = settings.launch
-            plan = build_plan(launch, eagle_cap=policy.eagle_cap)
+            plan = build_plan(launch, eagle_cap=settings.resolved_policy.eagle_cap)
             for warning in plan.warnings:
                 log.warning("launch plan: %s", warning)
             backend_key = launch.backend_api_key.get_secret_value() if launch.backend_api_key else None
@@ -124,6 +124,7 @@ async def run(settings: Settings) -> None:
                     speculative=ep.speculative,
                     api_key=backend_key,
                     served_model_name=ep.served_model_name,
+                    group=ep.group,
                 )
                 for process in plan.processes
                 for ep in process.endpoints

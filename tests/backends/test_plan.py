@@ -15,9 +15,8 @@ from pydantic import ValidationError
 from backends.config import LaunchConfig
 from backends.plan import LaunchPlan, PlanError, build_plan, redact_argv, redact_env
 from backends.resolve import eagle_running_limit
-from gateway.cli import main
 from gateway.config import load_settings
-from gateway.routing import make_policy
+from specgate.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[2] / "deploy" / "configs"
 SGLANG = ("python3", "-m", "sglang.launch_server")
@@ -39,7 +38,7 @@ def ports(start: int = 41000) -> Callable[[], int]:
 
 def example_plan(name: str) -> LaunchPlan:
     settings = load_settings(CONFIGS / name)
-    return build_plan(settings.launch, eagle_cap=make_policy(settings.policy).eagle_cap)
+    return build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
 
 
 def launch(**values: object) -> LaunchConfig:

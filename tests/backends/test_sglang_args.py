@@ -18,7 +18,6 @@ import pytest
 from backends.plan import build_plan
 from backends.sglang_args import DEPRECATED_FLAGS, REMOVED_FLAGS, flags_in
 from gateway.config import load_settings
-from gateway.routing import make_policy
 
 pytestmark = pytest.mark.sglang
 
@@ -32,7 +31,7 @@ def _plans() -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for path in sorted(CONFIGS.glob("*.toml")):
         settings = load_settings(path)
-        plan = build_plan(settings.launch, eagle_cap=make_policy(settings.policy).eagle_cap)
+        plan = build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
         for process in plan.processes:
             assert process.argv[1:3] == LAUNCHER
             out[f"{path.stem}:{process.name}"] = process.argv[3:]

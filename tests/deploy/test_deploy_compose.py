@@ -9,7 +9,6 @@ import yaml
 
 from backends.plan import build_plan
 from gateway.config import load_settings
-from gateway.routing import make_policy
 from tests.deploy.deploy_checks import compose_mounts, compose_problems
 from tests.deploy.tools import compose_binary, run_tool
 
@@ -62,7 +61,7 @@ def test_mounted_config_is_valid_and_matches_the_scrape_config(repo: Path, profi
     settings = load_settings(mounts["/etc/specgate/specgate.toml"])
     assert settings.launch.engine == ("sglang" if profile == "gpu" else "sim")
     assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8000)
-    plan = build_plan(settings.launch, eagle_cap=make_policy(settings.policy).eagle_cap)
+    plan = build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
     assert plan.warnings == ()
     # Prometheus (another container) reaches each server on the compose network.
     ports = {role: getattr(settings.launch, role).port for role in ("eagle", "plain")}

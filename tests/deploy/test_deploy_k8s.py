@@ -10,7 +10,6 @@ import yaml
 
 from backends.plan import build_plan
 from gateway.config import load_settings
-from gateway.routing import make_policy
 from tests.deploy.deploy_checks import (
     k8s_reference_problems,
     kustomization_problems,
@@ -65,7 +64,7 @@ def test_one_pod_per_8_gpu_node_with_probes_on_the_gateway(repo: Path) -> None:
 
 def test_configmap_config_is_valid_and_matches_the_pod_ports(repo: Path) -> None:
     settings = load_settings(repo / K8S / "specgate.toml")
-    plan = build_plan(settings.launch, eagle_cap=make_policy(settings.policy).eagle_cap)
+    plan = build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
     assert plan.warnings == ()
     assert settings.security.metrics_public  # the liveness probe and ServiceMonitor read /metrics without a key
     resources = _manifests(repo / K8S)

@@ -1,7 +1,8 @@
 """The adaptive policy's decision rule on hand-built snapshots and hand-computed predictions.
 
 Estimators are trained with exact points from known lines, so every prediction below can be
-worked out by hand: TPOT(n) = alpha + beta*n.
+worked out by hand: TPOT(n) = alpha + beta*n. The policy is driven only through its public steps,
+as the gateway drives it: `choose`, then `routed` once the request is placed, and `observe`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import math
 
 import pytest
 
-from gateway.adaptive import SPEC_PRIOR, AdaptivePolicy
 from gateway.config import PolicyConfig
-from gateway.estimator import Fit
+from gateway.policies import AdaptivePolicy, make_policy
+from gateway.policies.adaptive import SPEC_PRIOR
+from gateway.policies.tpot_fit import Fit
+from gateway.policy import Completion, Decision, route
 from gateway.pool import BackendView, PoolSnapshot
-from gateway.routing import Completion, Decision, make_policy, route
 
 MS = 1e-3
 # field-8gpu's lines (calibration.md), seconds: EAGLE (5.82 + 8.47n)/3, plain 4.53 + 1.294n.
@@ -25,20 +27,35 @@ LLAMA_EAGLE = Fit(10.71 / 2.9 * MS, 0.149 / 2.9 * MS)
 LLAMA_PLAIN = Fit(6.27 * MS, 0.045 * MS)
 
 
-def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True) -> PoolSnapshot:
-    return PoolSnapshot((BackendView("eagle", True, eagle_up, eagle), BackendView("plain", False, plain_up, plain)))
+def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True, group: str = "") -> PoolSnapshot:
+    """Two backends; with no `group` each is a group of its own (partitioned)."""
+    return PoolSnapshot(
+        (BackendView("eagle", True, eagle_up, eagle, group), BackendView("plain", False, plain_up, plain, group))
+    )
+
+
+def shared(eagle: int, plain: int) -> PoolSnapshot:
+    """Both backends in one group: co-located on the same GPUs."""
+    return snap(eagle, plain, group="g0")
 
 
 def completion(backend: str, line: Fit, n: float, tokens: int = 129, others: float = 0.0) -> Completion:
     """A response that decoded at `line`'s TPOT with `n` in flight on its backend, `others` on the rest."""
     decode = line.at(n) * (tokens - 1)
-    return Completion(backend, tokens, ttft=0.02, decode_seconds=decode, mean_inflight=n, mean_pool_inflight=n + others)
+    return Completion(backend, tokens, ttft=0.02, decode_seconds=decode, mean_inflight=n, mean_group_inflight=n + others)
+
+
+def decide(policy: AdaptivePolicy, snapshot: PoolSnapshot) -> Decision:
+    """One request routed as the gateway routes it: the decision, then the step that records it."""
+    decision = policy.choose(snapshot)
+    policy.routed(snapshot, decision)
+    return decision
 
 
 def trained(eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
     """A policy that has seen `points` exact responses per backend at loads 1..16, spread evenly."""
     policy = AdaptivePolicy(**kwargs)  # type: ignore[arg-type]
-    policy.choose(snap(0, 0))  # learns which backend is the speculative one
+    decide(policy, snap(0, 0))  # learns which backend is the speculative one
     for i in range(points):
         n = 1 + i % 16
         policy.observe(completion("eagle", eagle, n))
@@ -46,11 +63,24 @@ def trained(eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> A
     return policy
 
 
+def recent_traffic(policy: AdaptivePolicy) -> None:
+    """Both backends just had a request (EAGLE one decision ago, plain the last one): no probe is due."""
+    policy.routed(snap(0, 0), Decision("eagle", "adaptive_predicted_faster"))
+    policy.routed(snap(1, 0), Decision("plain", "adaptive_predicted_faster"))
+
+
 def steady(policy: AdaptivePolicy, eagle: int, plain: int) -> Decision:
     """A decision when both backends have recently had traffic (no probe due)."""
-    for arm in policy._arms.values():
-        arm.since_routed = 0
-    return policy.choose(snap(eagle, plain))
+    recent_traffic(policy)
+    return policy.choose(shared(eagle, plain) if policy.colocated else snap(eagle, plain))
+
+
+def spec_factor(policy: AdaptivePolicy) -> float:
+    """The speculation prior's factor on EAGLE's prediction, read from the beliefs of an idle pool."""
+    policy.attach(lambda: snap(0, 0))
+    beliefs = policy.beliefs()
+    eagle = beliefs["backends"]["eagle"]
+    return beliefs["predicted_tpot_seconds"]["eagle"] / (eagle["alpha_seconds"] + eagle["beta_seconds_per_request"])
 
 
 def test_fitted_lines_are_the_truth() -> None:
@@ -124,32 +154,46 @@ def test_unavailable_backend_gets_nothing() -> None:
 
 def test_a_backend_back_from_an_outage_is_relearned_and_probed() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN)
-    policy.choose(snap(5, 0, plain_up=False))
-    decision = policy.choose(snap(5, 0))  # plain is back: probe it while it is idle
+    decide(policy, snap(5, 0, plain_up=False))
+    decision = decide(policy, snap(5, 0))  # plain is back: probe it while it is idle
     assert decision == Decision("plain", "adaptive_explore")
-    assert policy._arms["plain"].estimator.evidence < 20  # most old evidence dropped
+    assert policy.beliefs()["backends"]["plain"]["effective_observations"] < 20  # most old evidence dropped
+
+
+def test_choose_changes_nothing() -> None:
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, probe_every=10)
+    recent_traffic(policy)
+    before = policy.describe()
+    # Asked again and again (no request placed), the answer stays: no counter moves toward a probe.
+    assert {policy.choose(snap(3, 0)) for _ in range(50)} == {Decision("eagle", "adaptive_predicted_faster")}
+    # A backend back from an outage: choose already decides as if re-learning, but stores nothing.
+    decide(policy, snap(5, 0, plain_up=False))
+    before = policy.describe()
+    assert policy.choose(snap(5, 0)) == Decision("plain", "adaptive_explore")
+    assert policy.choose(snap(5, 0)) == Decision("plain", "adaptive_explore")
+    assert policy.describe() == before
 
 
 def test_cold_start_lone_request_speculates_and_each_backend_gets_measured() -> None:
     policy = AdaptivePolicy()
-    assert policy.choose(snap(0, 0)) == Decision("eagle", "adaptive_prior")
-    assert policy.choose(snap(1, 0)) == Decision("plain", "adaptive_explore")
-    assert policy.choose(snap(1, 1)) == Decision("plain", "adaptive_prior")
+    assert decide(policy, snap(0, 0)) == Decision("eagle", "adaptive_prior")
+    assert decide(policy, snap(1, 0)) == Decision("plain", "adaptive_explore")
+    assert decide(policy, snap(1, 1)) == Decision("plain", "adaptive_prior")
     policy.observe(completion("plain", FIELD_PLAIN, 1))
     # plain measured, EAGLE not yet: an idle EAGLE gets the next request, a busy one does not.
-    assert policy.choose(snap(0, 3)) == Decision("eagle", "adaptive_explore")
-    assert policy.choose(snap(1, 3)) == Decision("plain", "adaptive_prior")
+    assert decide(policy, snap(0, 3)) == Decision("eagle", "adaptive_explore")
+    assert decide(policy, snap(1, 3)) == Decision("plain", "adaptive_prior")
 
 
 def test_exploration_is_bounded_to_idle_backends_every_n_decisions() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, probe_every=10)
-    for arm in policy._arms.values():
-        arm.since_routed = 0
-    reasons = [policy.choose(snap(3, 0)).reason for _ in range(100)]
+    recent_traffic(policy)
+    reasons = [decide(policy, snap(3, 0)).reason for _ in range(100)]
     # Plain is idle and slower at this load: one probe per 10 decisions, no more.
     assert reasons.count("adaptive_explore") == 100 // 11
     # A busy backend is never probed, however long it has been.
-    policy._arms["plain"].since_routed = 1000
+    for _ in range(1000):
+        policy.routed(snap(3, 1), Decision("eagle", "adaptive_predicted_faster"))
     assert policy.choose(snap(3, 1)) == Decision("eagle", "adaptive_predicted_faster")
 
 
@@ -182,6 +226,15 @@ def test_colocated_compares_whole_load_on_one_server() -> None:
     assert steady(colocated, 0, 0) == Decision("eagle", "adaptive_predicted_faster")
 
 
+def test_colocated_predictions_count_only_the_backends_sharing_gpus() -> None:
+    """The load a prediction uses is the backend's group's: with each backend alone in its group,
+    a co-located policy decides as a partitioned one does."""
+    colocated = trained(FIELD_EAGLE, FIELD_PLAIN, colocated=True)
+    recent_traffic(colocated)
+    assert colocated.choose(snap(0, 1)) == Decision("eagle", "adaptive_predicted_faster")
+    assert colocated.choose(shared(0, 1)) == Decision("plain", "adaptive_predicted_faster")
+
+
 def test_colocated_learns_only_from_responses_that_had_the_gpu_to_themselves() -> None:
     policy = trained(FIELD_EAGLE, FIELD_PLAIN, colocated=True)
     before = policy.beliefs()["backends"]["plain"]
@@ -200,25 +253,23 @@ def test_colocated_learns_only_from_responses_that_had_the_gpu_to_themselves() -
 
 def test_colocated_probes_only_when_the_whole_gpu_is_idle() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=5)
-    for arm in policy._arms.values():
-        arm.since_routed = 0
-    reasons = [policy.choose(snap(3, 0)).reason for _ in range(20)]
+    recent_traffic(policy)
+    reasons = [decide(policy, shared(3, 0)).reason for _ in range(20)]
     assert "adaptive_explore" not in reasons  # plain is idle, but EAGLE's steps would interleave
-    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+    assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
 
 
 def decisions_until_probe(policy: AdaptivePolicy, limit: int = 10_000) -> int:
     """Decisions at a load where plain is idle and slower (llama lines) until plain is probed."""
     for count in range(1, limit + 1):
-        if policy.choose(snap(3, 0)) == Decision("plain", "adaptive_explore"):
+        if decide(policy, snap(3, 0)) == Decision("plain", "adaptive_explore"):
             return count
     raise AssertionError(f"no probe in {limit} decisions")
 
 
 def test_probes_that_agree_back_off_and_a_surprise_resets_them() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, probe_every=10)
-    for arm in policy._arms.values():
-        arm.since_routed = 0
+    recent_traffic(policy)
     gaps = []
     for _ in range(6):
         gaps.append(decisions_until_probe(policy))
@@ -234,46 +285,55 @@ def test_probes_that_agree_back_off_and_a_surprise_resets_them() -> None:
 
 def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)
-    steady(policy, 3, 0)
+    recent_traffic(policy)
     for _ in range(10):
-        policy.choose(snap(3, 0))
-    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+        decide(policy, shared(3, 0))
+    assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
     # EAGLE got busy while the probe decoded: its TPOT is not plain's own, and it taught nothing.
     policy.observe(completion("plain", Fit(LLAMA_PLAIN.alpha * 3, LLAMA_PLAIN.beta), 1, others=20))
     plain = policy.beliefs()["backends"]["plain"]
     assert plain["shared_skipped"] == 1 and plain["probe_interval"] == 20
     for _ in range(20):
-        assert policy.choose(snap(0, 0)).backend == "eagle"
-    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+        assert decide(policy, shared(0, 0)).backend == "eagle"
+    assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
 
 
 def test_a_relearn_or_an_outage_resets_the_probe_interval() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, probe_every=10)
-    for arm in policy._arms.values():
-        arm.probe_interval = 160
+    recent_traffic(policy)
+    backed_off(policy)
     # EAGLE's acceptance drops (TPOT +50%): once its fit re-learns, plain is worth checking again.
     slower = Fit(LLAMA_EAGLE.alpha * 1.5, LLAMA_EAGLE.beta * 1.5)
     for i in range(100):
         policy.observe(completion("eagle", slower, 1 + i % 16))
-    assert policy._arms["eagle"].estimator.relearns == 1
-    assert {arm.probe_interval for arm in policy._arms.values()} == {10}
-    policy._arms["plain"].probe_interval = 160
-    policy.choose(snap(5, 0, plain_up=False))
-    policy.choose(snap(5, 0))
-    assert policy._arms["plain"].probe_interval == 10
+    backends = policy.beliefs()["backends"]
+    assert backends["eagle"]["relearns"] == 1
+    assert backends["eagle"]["probe_interval"] == backends["plain"]["probe_interval"] == 10
+    backed_off(policy)
+    decide(policy, snap(5, 0, plain_up=False))
+    decide(policy, snap(5, 0))
+    assert policy.beliefs()["backends"]["plain"]["probe_interval"] == 10
+
+
+def backed_off(policy: AdaptivePolicy) -> None:
+    """Four probes of plain that confirm its fit: its probe interval backs off from 10 to 160 decisions."""
+    for _ in range(4):
+        decisions_until_probe(policy)
+        policy.observe(completion("plain", LLAMA_PLAIN, 1))
+    assert policy.beliefs()["backends"]["plain"]["probe_interval"] == 160
 
 
 def test_colocated_cold_start_measures_each_server_alone() -> None:
     policy = AdaptivePolicy(colocated=True)
-    assert policy.choose(snap(0, 0)) == Decision("eagle", "adaptive_prior")
-    assert policy.choose(snap(1, 0)) == Decision("plain", "adaptive_prior")  # not a probe: EAGLE is busy
+    assert decide(policy, shared(0, 0)) == Decision("eagle", "adaptive_prior")
+    assert decide(policy, shared(1, 0)) == Decision("plain", "adaptive_prior")  # not a probe: EAGLE is busy
     policy.observe(completion("eagle", FIELD_EAGLE, 1))
-    assert policy.choose(snap(0, 0)) == Decision("plain", "adaptive_explore")
+    assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
 
 
 def test_speculation_prior_fades_with_evidence() -> None:
     policy = AdaptivePolicy()
-    policy.choose(snap(0, 0))
+    decide(policy, snap(0, 0))
     # One short, unlucky EAGLE warm-up response (5% slower than plain) and one plain response.
     policy.observe(completion("eagle", Fit(6.1 * MS, 0.0), 1, tokens=16))
     policy.observe(completion("plain", Fit(5.82 * MS, 0.0), 1, tokens=16))
@@ -281,7 +341,7 @@ def test_speculation_prior_fades_with_evidence() -> None:
     for _ in range(5):
         policy.observe(completion("eagle", Fit(6.1 * MS, 0.0), 1))
     assert steady(policy, 0, 0).backend == "plain"  # real evidence outweighs the prior
-    assert policy._spec_factor(policy._arms["eagle"]) > 1 - SPEC_PRIOR / 5
+    assert spec_factor(policy) > 1 - SPEC_PRIOR / 5
 
 
 def test_beliefs_follow_the_live_pool() -> None:
@@ -289,8 +349,8 @@ def test_beliefs_follow_the_live_pool() -> None:
     load = {"eagle": 3, "plain": 10}
     policy.attach(lambda: snap(load["eagle"], load["plain"]))
     beliefs = policy.beliefs()
-    factor = policy._spec_factor(policy._arms["eagle"])
-    assert beliefs["predicted_tpot_seconds"]["eagle"] == pytest.approx(FIELD_EAGLE.at(4) * factor, rel=1e-3)
+    # After 400 responses the speculation prior is below 0.1% of EAGLE's prediction.
+    assert beliefs["predicted_tpot_seconds"]["eagle"] == pytest.approx(FIELD_EAGLE.at(4), rel=1e-3)
     assert beliefs["predicted_tpot_seconds"]["plain"] == pytest.approx(FIELD_PLAIN.at(11), rel=1e-3)
     assert beliefs["crossover_concurrency"] == pytest.approx(1.694, rel=1e-2)
     load["plain"] = 0
@@ -299,7 +359,7 @@ def test_beliefs_follow_the_live_pool() -> None:
 
 def test_responses_without_decode_time_teach_nothing() -> None:
     policy = AdaptivePolicy()
-    policy.choose(snap(0, 0))
+    decide(policy, snap(0, 0))
     policy.observe(Completion("eagle", 1, 0.01, 0.0, 1.0, 1.0))
     policy.observe(Completion("eagle", 5, 0.01, 0.0, 1.0, 1.0))
     assert policy.beliefs()["backends"]["eagle"]["observations"] == 0
@@ -312,11 +372,11 @@ def test_configured_through_the_policy_table() -> None:
         )
     )
     assert isinstance(policy, AdaptivePolicy)
-    assert policy.eagle_cap == 64
     described = policy.describe()
+    assert described["eagle_cap"] == 64
     assert described["slo_tpot_seconds"] == pytest.approx(0.025)
     assert described["probe_every"] == 7 and described["colocated"] is True
-    assert make_policy(PolicyConfig(name="adaptive")).eagle_cap == 128
+    assert make_policy(PolicyConfig(name="adaptive")).describe()["eagle_cap"] == 128
 
 
 @pytest.mark.parametrize("kwargs", [{"eagle_cap": 0}, {"probe_every": 0}, {"slo_tpot": 0.0}])

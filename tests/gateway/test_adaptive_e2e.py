@@ -61,7 +61,9 @@ async def test_learns_the_crossover_and_routes_by_it(gateway: GatewayProcess) ->
     # either way both serve, and plain most.
     assert busy["plain"] > busy["eagle"] > 0, busy
 
-    status = httpx.get(gateway.url + "/admin/status").json()["policy"]
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        status = (await http.get("/admin/status")).json()["policy"]
+        metrics = (await http.get("/metrics")).text
     assert status["name"] == "adaptive"
     beliefs = status["beliefs"]
     assert 0.7 <= beliefs["crossover_concurrency"] <= 4.0, beliefs
@@ -71,7 +73,6 @@ async def test_learns_the_crossover_and_routes_by_it(gateway: GatewayProcess) ->
     assert fits["eagle"]["beta_seconds_per_request"] > fits["plain"]["beta_seconds_per_request"]
     assert set(beliefs["predicted_tpot_seconds"]) == {"eagle", "plain"}
 
-    metrics = httpx.get(gateway.url + "/metrics").text
     for backend in ("eagle", "plain"):
         assert re.search(rf'specgate_policy_predicted_tpot_seconds{{backend="{backend}"}} [0-9.e-]+', metrics)
     assert re.search(r"^specgate_policy_crossover_concurrency [0-9.e+-]+$", metrics, re.MULTILINE)

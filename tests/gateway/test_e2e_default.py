@@ -49,6 +49,11 @@ def inflight(gateway: GatewayProcess) -> dict[str, int]:
     return {b["name"]: b["inflight"] for b in status["backends"]}
 
 
+async def ainflight(http: httpx.AsyncClient) -> dict[str, int]:
+    status = (await http.get("/admin/status")).json()
+    return {b["name"]: b["inflight"] for b in status["backends"]}
+
+
 def test_chat_non_streaming_has_usage_and_backend_header(client: openai.OpenAI, model: str) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": "Say something."}], max_tokens=12
@@ -135,8 +140,9 @@ async def test_concurrent_long_requests_spill_to_plain(aclient: openai.AsyncOpen
     # threshold 2: only requests that found fewer than 2 in flight may go to eagle
     assert 1 <= backends.count("eagle") <= 2, backends
     assert backends.count("plain") >= 14
-    assert inflight(gateway) == {"eagle": 0, "plain": 0}
-    metrics = httpx.get(gateway.url + "/metrics").text
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        assert await ainflight(http) == {"eagle": 0, "plain": 0}
+        metrics = (await http.get("/metrics")).text
     assert 'specgate_inflight_requests{backend="eagle"} 0.0' in metrics
     assert 'specgate_inflight_requests{backend="plain"} 0.0' in metrics
     assert 'specgate_route_decisions_total{backend="plain",reason="at_or_above_threshold"}' in metrics
@@ -146,7 +152,13 @@ def test_server_and_model_info_pass_through(gateway: GatewayProcess) -> None:
     info = httpx.get(gateway.url + "/server_info")
     assert info.status_code == 200 and info.headers["x-specgate-backend"] == "eagle"
     assert info.json()["internal_states"][0]["avg_spec_accept_length"] > 1
-    assert httpx.get(gateway.url + "/model_info").status_code == 200
+    model_info = httpx.get(gateway.url + "/model_info")
+    assert model_info.status_code == 200 and model_info.headers["x-specgate-backend"] == "eagle"
+    # Relayed unchanged: the speculative backend's own answer, body and content type.
+    urls = {b["name"]: b["url"] for b in httpx.get(gateway.url + "/admin/status").json()["backends"]}
+    direct = httpx.get(urls["eagle"] + "/model_info")
+    assert model_info.json() == direct.json() and model_info.json()["is_generation"] is True
+    assert model_info.headers["content-type"] == direct.headers["content-type"]
 
 
 def test_probes_and_admin_status(gateway: GatewayProcess) -> None:

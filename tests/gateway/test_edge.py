@@ -11,8 +11,8 @@ import pytest
 from gateway.app import create_app
 from gateway.config import BackendConfig, Settings
 from gateway.metrics import GatewayMetrics
+from gateway.policies import ThresholdPolicy
 from gateway.pool import Health
-from gateway.routing import ThresholdPolicy
 from gateway.runtime import Runtime
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -1,10 +1,13 @@
-"""In-flight accounting: exact, never negative, released once, and the load integral."""
+"""In-flight accounting: exact, never negative, released once, moved once; the load integral and decode window."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
-from gateway.pool import Backend, Health, Pool
+import pytest
+
+from gateway.pool import Backend, DecodeWindow, Health, Pool, Slot
 
 
 def make_pool() -> Pool:
@@ -49,3 +52,57 @@ async def test_wait_idle() -> None:
     assert not await pool.wait_idle(0.01)
     asyncio.get_running_loop().call_soon(slot.release)
     assert await pool.wait_idle(5)
+
+
+def test_move_to_keeps_counts_exact_and_release_still_once() -> None:
+    pool = make_pool()
+    slot = pool.acquire("eagle")
+    slot.move_to("plain")
+    assert (pool["eagle"].inflight, pool["plain"].inflight) == (0, 1)
+    assert slot.backend is pool["plain"]
+    slot.release()
+    slot.release()
+    assert pool.total_inflight == 0 and pool["eagle"].inflight == 0
+    with pytest.raises(RuntimeError):
+        slot.move_to("eagle")
+    assert pool.total_inflight == 0
+
+
+def test_a_slot_cannot_move_once_tokens_arrived() -> None:
+    pool = make_pool()
+    slot = pool.acquire("eagle")
+    slot.mark_token(time.monotonic())
+    with pytest.raises(RuntimeError):
+        slot.move_to("plain")
+    assert (pool["eagle"].inflight, pool["plain"].inflight) == (1, 0)
+
+
+def set_load(backend: Backend, since: float, inflight: int) -> None:
+    """Make the backend's load integral exactly computable: `inflight` held from `since` on."""
+    backend._load_area, backend._load_since, backend.inflight = 0.0, since, inflight
+
+
+def test_decode_window_is_the_mean_load_between_first_and_last_token() -> None:
+    eagle = Backend("eagle", "http://e", True, group="g0")
+    plain = Backend("plain", "http://p", False, group="g0")
+    alone = Backend("other", "http://o", False)
+    pool = Pool([eagle, plain, alone])
+    slot = Slot(pool, eagle)
+    set_load(eagle, 0.0, 2)
+    set_load(plain, 0.0, 3)
+    set_load(alone, 0.0, 7)  # another group: never part of this request's shared load
+    assert slot.decode_window() is None
+    slot.mark_token(10.0)
+    assert slot.decode_window() is None  # one token: no window yet
+    slot.mark_token(12.0)
+    slot.mark_token(14.0)
+    window = slot.decode_window()
+    assert window == DecodeWindow(seconds=4.0, mean_inflight=2.0, mean_group_inflight=5.0)
+
+
+def test_a_backend_without_a_group_is_its_own_group() -> None:
+    pool = make_pool()
+    pool.acquire("eagle")
+    snap = pool.snapshot()
+    assert snap.get("eagle").group == "eagle" and snap.group_inflight(snap.get("eagle")) == 1
+    assert snap.group_inflight(snap.get("plain")) == 0

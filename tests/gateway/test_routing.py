@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import PolicyConfig
+from gateway.policies import AdaptivePolicy, SpillPolicy, ThresholdPolicy, make_policy
+from gateway.policy import Decision, failover, route
 from gateway.pool import BackendView, PoolSnapshot
-from gateway.routing import Decision, SpillPolicy, ThresholdPolicy, make_policy, route
 
 
 def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True) -> PoolSnapshot:
@@ -46,7 +47,36 @@ def test_forced_route_wins_but_is_never_moved() -> None:
     assert route(ThresholdPolicy(2), snap(0, 0, plain_up=False), forced="plain") is None
 
 
-def test_make_policy_and_caps() -> None:
-    assert make_policy(PolicyConfig(name="threshold", threshold=4)).eagle_cap == 4
-    assert make_policy(PolicyConfig(name="spill", eagle_max_inflight=12)).eagle_cap == 12
-    assert make_policy(PolicyConfig(name="threshold", threshold=0)).eagle_cap == 1
+def test_failover_goes_to_another_available_backend_or_nowhere() -> None:
+    # The refused backend is marked down before failover decides.
+    assert failover(ThresholdPolicy(2), snap(1, 0, eagle_up=False), "eagle") == Decision("plain", "failover_retry")
+    assert failover(SpillPolicy(4), snap(0, 1, plain_up=False), "plain") == Decision("eagle", "failover_retry")
+    assert failover(ThresholdPolicy(2), snap(1, 0, eagle_up=False, plain_up=False), "eagle") is None
+
+
+def test_make_policy_builds_the_configured_one() -> None:
+    assert isinstance(make_policy(PolicyConfig(name="threshold", threshold=4)), ThresholdPolicy)
+    assert isinstance(make_policy(PolicyConfig(name="spill", eagle_max_inflight=12)), SpillPolicy)
+    assert isinstance(make_policy(PolicyConfig(name="adaptive")), AdaptivePolicy)
+
+
+@pytest.mark.parametrize(
+    ("values", "cap"),
+    [
+        ({"name": "threshold", "threshold": 4}, 4),
+        ({"name": "threshold", "threshold": 0}, 1),
+        ({"name": "spill", "eagle_max_inflight": 12}, 12),
+        ({"name": "spill", "eagle_max_inflight": 0}, 1),
+        ({"name": "adaptive", "adaptive_eagle_cap": 64}, 64),
+        ({"name": "adaptive"}, 128),
+    ],
+)
+def test_eagle_cap_is_a_plain_value_of_the_config(values: dict[str, object], cap: int) -> None:
+    assert PolicyConfig.model_validate(values).eagle_cap == cap
+
+
+def test_group_inflight_sums_the_backends_sharing_gpus() -> None:
+    shared = PoolSnapshot((BackendView("eagle", True, True, 3, "g0"), BackendView("plain", False, True, 2, "g0")))
+    assert shared.group_inflight(shared.get("eagle")) == 5
+    alone = snap(3, 2)  # no group named: each backend is a group of its own
+    assert alone.get("eagle").group == "eagle" and alone.group_inflight(alone.get("eagle")) == 3

@@ -18,7 +18,7 @@ from gateway.config import BackendConfig, Settings
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Health
 from gateway.redact import redact_server_info
-from gateway.routing import ThresholdPolicy
+from gateway.policies import ThresholdPolicy
 from gateway.runtime import Runtime
 
 pytestmark = pytest.mark.reliability

@@ -11,7 +11,7 @@ import click
 _COMMANDS = {
     "serve": "gateway.serve:serve_command",
     "sim": "backends.sim.cli:sim_command",
-    "plan": "backends.plan_cli:plan_command",
+    "plan": "specgate.plan_cli:plan_command",
 }
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.estimator import EstimatorConfig, Fit, TpotEstimator
+from gateway.policies.tpot_fit import EstimatorConfig, Fit, TpotEstimator
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import orjson
 
 from backends.plan import LaunchPlan, ProcessSpec, build_plan, redact_argv, redact_env
 from gateway.config import Settings, load_settings
-from gateway.routing import make_policy
 
 
 @click.command("plan")
@@ -32,7 +31,7 @@ def plan_command(config_path: Path, as_json: bool, strict: bool) -> None:
     """Show the exact argv and environment of each backend process, and the warnings found."""
     try:
         settings = load_settings(config_path)
-        eagle_cap = make_policy(settings.policy).eagle_cap
+        eagle_cap = settings.resolved_policy.eagle_cap
         plan = build_plan(settings.launch, eagle_cap=eagle_cap)
     except (FileNotFoundError, ValueError) as exc:  # ValidationError, PlanError, TOMLDecodeError
         raise click.ClickException(str(exc)) from exc

@@ -1,6 +1,6 @@
 """The adaptive routing policy: send each request where it is predicted to decode fastest.
 
-Each backend has a `TpotEstimator` (gateway/estimator.py) of its time per output token as a
+Each backend has a `TpotEstimator` (gateway/policies/tpot_fit.py) of its time per output token as a
 function of its in-flight count, fitted from the responses the gateway relays. A request goes to
 the backend whose predicted TPOT, once this request is added, is lowest, within the EAGLE cap.
 Rules, in order, each with its own reason label:
@@ -23,10 +23,14 @@ in steady state equalizes the two servers' TPOT. That equilibrium is reached by 
 measured TPOT even when the fitted slopes are off; the throughput-optimal split depends on the
 slopes directly. docs/adaptive.md has the numbers.
 
-Co-located (`colocated`): both servers' steps share one GPU timeline, so a request on one slows
-every request on the other, and a split pays both servers' fixed step cost every round. There
-each prediction is made at the TOTAL in-flight count, i.e. "which server would serve the whole
-current load faster": a learned threshold at the crossover, with no steady split.
+Co-located (`colocated`): the servers of one group share one GPU timeline, so a request on one
+slows every request on the other, and a split pays both servers' fixed step cost every round. There
+each prediction is made at the GROUP's total in-flight count, i.e. "which server would serve the
+whole current load faster": a learned threshold at the crossover, with no steady split.
+
+`choose` only reads: what a backend's state will be once `routed` has seen the snapshot (a new
+backend, one back from an outage) is worked out without storing it. `routed` then stores it and
+moves the per-decision counters (decisions since each backend last got a request, a pending probe).
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import PolicyConfig
-from gateway.estimator import EstimatorConfig, TpotEstimator
+from gateway.policies.tpot_fit import EstimatorConfig, TpotEstimator
+from gateway.policy import Completion, Decision, Policy
 from gateway.pool import BackendView, PoolSnapshot
-from gateway.routing import Completion, Decision, Policy
 
 # Weak prior that speculation is the faster choice for the first requests: EAGLE's prediction is
 # scaled by 1 - SPEC_PRIOR * w0 / (w0 + evidence), fading as its evidence (in full-length
@@ -67,7 +71,7 @@ class _Arm:
     probe_interval: int  # decisions without traffic after which it is probed (backs off)
     speculative: bool | None = None  # learned from the first snapshot that lists the backend
     since_routed: int = 0  # decisions since it last received a request
-    was_available: bool = False
+    was_available: bool = False  # as the last routed snapshot showed it
     shared_skipped: int = 0  # co-located: responses not used because the other server was busy
     probe_pending: bool = False  # a probe was sent; its response (the next one seen) judges it
 
@@ -78,6 +82,24 @@ class _Arm:
             "shared_skipped": self.shared_skipped,
             "probe_interval": self.probe_interval,
         }
+
+
+@dataclass(frozen=True)
+class _Outlook:
+    """A backend as `choose` sees it: its arm as `routed` will leave it once it has seen the snapshot."""
+
+    estimator: TpotEstimator | None  # None: never seen, so nothing fitted
+    since_routed: int
+    probe_interval: int
+    evidence: float  # the fit's evidence, for the speculation prior
+
+    @property
+    def fitted(self) -> bool:
+        return self.estimator is not None and self.estimator.fitted
+
+    def predict(self, n: float) -> float:
+        assert self.estimator is not None
+        return self.estimator.predict(n)
 
 
 class AdaptivePolicy(Policy):
@@ -96,7 +118,7 @@ class AdaptivePolicy(Policy):
     ) -> None:
         """`eagle_cap`: most requests EAGLE gets at once; `slo_tpot`: target seconds per token
         (None: off); `probe_every`: decisions without traffic after which an idle backend is
-        probed; `colocated`: both servers share one GPU timeline."""
+        probed; `colocated`: the servers of a group share one GPU timeline."""
         if eagle_cap < 1:
             raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
         if probe_every < 1:
@@ -123,22 +145,16 @@ class AdaptivePolicy(Policy):
             estimator=EstimatorConfig(half_life=config.adaptive_half_life),
         )
 
-    @property
-    def eagle_cap(self) -> int:
-        return self.cap
-
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
         self._live = snapshot
 
     def choose(self, snapshot: PoolSnapshot) -> Decision:
-        spec = plain = snapshot.backends[0]
-        for view in snapshot.backends:
-            if view.speculative:
-                spec = view
-            else:
-                plain = view
-        e, p = self._arm(spec, True), self._arm(plain, False)
-        decision = self._decide(spec, plain, e, p)
+        spec, plain = _pair(snapshot)
+        return self._decide(snapshot, spec, plain, self._outlook(spec), self._outlook(plain))
+
+    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+        spec, plain = _pair(snapshot)
+        e, p = self._sync(spec, True), self._sync(plain, False)
         chosen = e if decision.backend == spec.name else p
         if decision.reason == "adaptive_explore" and chosen.estimator.fitted:
             chosen.probe_pending = True  # a probe of a known backend, not a cold-start measurement
@@ -146,7 +162,6 @@ class AdaptivePolicy(Policy):
             e.since_routed, p.since_routed = 0, p.since_routed + 1
         else:
             e.since_routed, p.since_routed = e.since_routed + 1, 0
-        return decision
 
     def observe(self, completion: Completion) -> None:
         tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
@@ -155,8 +170,8 @@ class AdaptivePolicy(Policy):
         arm = self._arms.get(completion.backend)
         if arm is None:  # a forced route can finish before the policy ever routed there
             arm = self._arms[completion.backend] = self._new_arm()
-        if self.colocated and completion.mean_pool_inflight - completion.mean_inflight > SHARED_TOLERANCE:
-            # The other server decoded meanwhile and its steps were interleaved with this one's
+        if self.colocated and completion.mean_group_inflight - completion.mean_inflight > SHARED_TOLERANCE:
+            # The other server of its group decoded meanwhile and its steps were interleaved with this one's
             # on the shared GPU: this TPOT is not what this server costs on its own.
             arm.shared_skipped += 1
             if arm.probe_pending:
@@ -185,13 +200,13 @@ class AdaptivePolicy(Policy):
     def beliefs(self) -> dict[str, Any]:
         """Fitted lines, predicted TPOT for one more request at the current load, and the crossover."""
         snapshot = self._live() if self._live is not None else None
-        inflight = {b.name: b.inflight for b in snapshot.backends} if snapshot else {}
-        total = sum(inflight.values())
+        views = {b.name: b for b in snapshot.backends} if snapshot else {}
         predicted = {}
         for name, arm in self._arms.items():
             if arm.estimator.fitted:
-                n = total if self.colocated else inflight.get(name, 0)
-                factor = self._spec_factor(arm) if arm.speculative else 1.0
+                view = views.get(name)
+                n = self._load(snapshot, view) if snapshot is not None and view is not None else 0
+                factor = self._spec_factor(arm.estimator.evidence) if arm.speculative else 1.0
                 predicted[name] = arm.estimator.predict(n + 1) * factor
         beliefs: dict[str, Any] = {
             "predicted_tpot_seconds": predicted,
@@ -223,18 +238,35 @@ class AdaptivePolicy(Policy):
     def _new_arm(self) -> _Arm:
         return _Arm(TpotEstimator(self.estimator), probe_interval=self.probe_every)
 
-    def _arm(self, view: BackendView, speculative: bool) -> _Arm:
+    def _comes_back(self, arm: _Arm, view: BackendView) -> bool:
+        """Available again after the last routed snapshot showed it unavailable, with a fit to revise."""
+        return view.available and not arm.was_available and arm.estimator.fitted
+
+    def _outlook(self, view: BackendView) -> _Outlook:
+        arm = self._arms.get(view.name)
+        if arm is None:
+            return _Outlook(None, 0, self.probe_every, 0.0)
+        if self._comes_back(arm, view):  # what `_sync` will do, without doing it
+            keep = self.estimator.relearn_keep
+            return _Outlook(arm.estimator, self.probe_every, self.probe_every, arm.estimator.evidence * keep)
+        return _Outlook(arm.estimator, arm.since_routed, arm.probe_interval, arm.estimator.evidence)
+
+    def _sync(self, view: BackendView, speculative: bool) -> _Arm:
         arm = self._arms.get(view.name)
         if arm is None:
             arm = self._arms[view.name] = self._new_arm()
         arm.speculative = speculative
-        if view.available and not arm.was_available and arm.estimator.fitted:
+        if self._comes_back(arm, view):
             # Back after an outage (a restart, maybe with other settings): re-learn fast from
             # the old fit, and measure it at the next idle moment.
             arm.estimator.forget(self.estimator.relearn_keep)
             arm.probe_interval = arm.since_routed = self.probe_every
         arm.was_available = view.available
         return arm
+
+    def _load(self, snapshot: PoolSnapshot, view: BackendView) -> int:
+        """The in-flight count a backend's TPOT depends on: its group's when co-located, else its own."""
+        return snapshot.group_inflight(view) if self.colocated else view.inflight
 
     def _judge_probe(self, arm: _Arm, *, taught_nothing: bool) -> None:
         """Back the backend's probe interval off after a probe that taught nothing, else reset it."""
@@ -244,41 +276,43 @@ class AdaptivePolicy(Policy):
         else:
             arm.probe_interval = self.probe_every
 
-    def _spec_factor(self, arm: _Arm) -> float:
-        return 1.0 - SPEC_PRIOR * SPEC_PRIOR_WEIGHT / (SPEC_PRIOR_WEIGHT + arm.estimator.evidence)
+    def _spec_factor(self, evidence: float) -> float:
+        return 1.0 - SPEC_PRIOR * SPEC_PRIOR_WEIGHT / (SPEC_PRIOR_WEIGHT + evidence)
 
-    def _decide(self, spec: BackendView, plain: BackendView, e: _Arm, p: _Arm) -> Decision:
+    def _decide(self, snapshot: PoolSnapshot, spec: BackendView, plain: BackendView, e: _Outlook, p: _Outlook) -> Decision:
         if not (spec.available and plain.available):
             return Decision(plain.name if plain.available else spec.name, "adaptive_unavailable")
         n_e, n_p = spec.inflight, plain.inflight
+        load_e, load_p = self._load(snapshot, spec), self._load(snapshot, plain)
         eagle_open = n_e < self.cap
-        # A probe must measure the backend on its own: idle itself, and on a shared GPU the other
-        # one idle too (its steps would be interleaved with the probe's).
+        # A probe must measure the backend on its own: idle itself, and on a shared GPU its group
+        # idle too (the other server's steps would be interleaved with the probe's).
         idle = n_e + n_p == 0
-        probe_e = eagle_open and (idle if self.colocated else n_e == 0)
-        probe_p = idle if self.colocated else n_p == 0
-        if not (e.estimator.fitted and p.estimator.fitted):
-            if not p.estimator.fitted and probe_p and (e.estimator.fitted or not idle):
+        probe_e = eagle_open and load_e == 0
+        probe_p = load_p == 0
+        if not (e.fitted and p.fitted):
+            if not p.fitted and probe_p and (e.fitted or not idle):
                 return Decision(plain.name, "adaptive_explore")
             if idle and eagle_open:
                 return Decision(spec.name, "adaptive_prior")
-            if not e.estimator.fitted and probe_e:
+            if not e.fitted and probe_e:
                 return Decision(spec.name, "adaptive_explore")
             return Decision(plain.name, "adaptive_prior")
         if p.since_routed >= p.probe_interval and probe_p:
             return Decision(plain.name, "adaptive_explore")
         if e.since_routed >= e.probe_interval and probe_e:
             return Decision(spec.name, "adaptive_explore")
-        x_e, x_p = (n_e + n_p + 1, n_e + n_p + 1) if self.colocated else (n_e + 1, n_p + 1)
-        pred_e = e.estimator.predict(x_e) * self._spec_factor(e)
-        pred_p = p.estimator.predict(x_p)
+        pred_e = e.predict(load_e + 1) * self._spec_factor(e.evidence)
+        pred_p = p.predict(load_p + 1)
         if self.slo_tpot is not None and eagle_open and min(pred_e, pred_p) > self.slo_tpot:
-            return self._least_harm(spec, plain, e, p, pred_e < pred_p)
+            return self._least_harm(spec, plain, e, p, (load_e, load_p), pred_e < pred_p)
         if pred_e < pred_p:
             return Decision(spec.name, "adaptive_predicted_faster") if eagle_open else Decision(plain.name, "adaptive_cap")
         return Decision(plain.name, "adaptive_predicted_faster")
 
-    def _least_harm(self, spec: BackendView, plain: BackendView, e: _Arm, p: _Arm, eagle_faster: bool) -> Decision:
+    def _least_harm(
+        self, spec: BackendView, plain: BackendView, e: _Outlook, p: _Outlook, loads: tuple[int, int], eagle_faster: bool
+    ) -> Decision:
         """Neither backend meets the TPOT target with this request: break it for the fewest requests.
 
         A backend already over the target (or idle) loses only this request; one still within it
@@ -286,9 +320,20 @@ class AdaptivePolicy(Policy):
         """
         slo = self.slo_tpot
         assert slo is not None
-        load_e, load_p = (spec.inflight + plain.inflight,) * 2 if self.colocated else (spec.inflight, plain.inflight)
-        harm_e = 1 if spec.inflight == 0 or e.estimator.predict(load_e) * self._spec_factor(e) > slo else spec.inflight + 1
-        harm_p = 1 if plain.inflight == 0 or p.estimator.predict(load_p) > slo else plain.inflight + 1
+        load_e, load_p = loads
+        harm_e = 1 if spec.inflight == 0 or e.predict(load_e) * self._spec_factor(e.evidence) > slo else spec.inflight + 1
+        harm_p = 1 if plain.inflight == 0 or p.predict(load_p) > slo else plain.inflight + 1
         if harm_e < harm_p or (harm_e == harm_p and eagle_faster):
             return Decision(spec.name, "adaptive_slo")
         return Decision(plain.name, "adaptive_slo")
+
+
+def _pair(snapshot: PoolSnapshot) -> tuple[BackendView, BackendView]:
+    """The speculative and the plain backend of the snapshot."""
+    spec = plain = snapshot.backends[0]
+    for view in snapshot.backends:
+        if view.speculative:
+            spec = view
+        else:
+            plain = view
+    return spec, plain

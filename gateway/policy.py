@@ -1,0 +1,103 @@
+"""The routing decision's interface: `Policy`, `Decision`, `Completion`, and `route`.
+
+A policy is a small object with three steps, each called from one place:
+
+- `choose(snapshot)` is a pure function of a `PoolSnapshot` and of what the policy has learned so
+  far: it changes nothing, so each rule can be tested with plain data and asked again freely;
+- `routed(snapshot, decision)` records that a request was placed as the policy decided, once, after
+  its slot was taken (per-decision state, such as how long a backend went without traffic, changes
+  here only);
+- `observe(completion)` learns from a finished response.
+
+`route` adds what every policy shares: the forced-route header, and falling back to another
+backend when the chosen one cannot serve; `failover` is the one path that moves a request whose
+backend could not be reached.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.pool import PoolSnapshot
+
+FAILOVER = "failover_retry"  # the reason label of a request moved after a connection failure
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request goes and which rule sent it there (the `reason` metric label)."""
+
+    backend: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What the gateway observed about one finished response; fed back to the policy."""
+
+    backend: str
+    output_tokens: int
+    ttft: float  # seconds from dispatch to the first content chunk
+    decode_seconds: float  # first to last content chunk
+    mean_inflight: float  # the backend's mean in-flight count while this request decoded
+    mean_group_inflight: float  # the same for all backends of its group (those sharing its GPUs)
+
+
+class Policy(ABC):
+    """Routing policy interface."""
+
+    name: str
+
+    @abstractmethod
+    def choose(self, snapshot: PoolSnapshot) -> Decision:
+        """Pick a backend for one more request, given the pool as it is now (before adding it).
+
+        Pure: reads the snapshot and the policy's beliefs, changes neither.
+        """
+
+    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:  # noqa: B027 - static policies keep no state
+        """Record a request placed as `decision` says on the pool `snapshot` showed; once per request.
+
+        Called for the policy's own decisions (fallback and failover included), never for forced routes.
+        """
+
+    def observe(self, completion: Completion) -> None:  # noqa: B027 - static policies learn nothing
+        """Learn from a finished response."""
+
+    def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:  # noqa: B027 - static policies need no live view
+        """Give the policy a live view of the pool, for beliefs that depend on the current load."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Policy name, parameters and beliefs, for /admin/status."""
+
+
+def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None) -> Decision | None:
+    """Decide for one request; None when no backend can serve it.
+
+    `forced` (the x-specgate-route header, already validated as a backend name) wins when that
+    backend can serve; a forced request is never silently moved, so it gets None otherwise.
+    """
+    if forced is not None:
+        return Decision(forced, "forced") if snapshot.get(forced).available else None
+    decision = policy.choose(snapshot)
+    if snapshot.get(decision.backend).available:
+        return decision
+    for other in snapshot.backends:
+        if other.available:
+            return Decision(other.name, "fallback_unavailable")
+    return None
+
+
+def failover(policy: Policy, snapshot: PoolSnapshot, failed: str) -> Decision | None:
+    """Where a request goes after `failed` refused its connection (already marked down in `snapshot`).
+
+    The policy decides again on the pool as it is now; None when that leaves no other backend.
+    """
+    decision = route(policy, snapshot)
+    if decision is None or decision.backend == failed:
+        return None
+    return Decision(decision.backend, FAILOVER)

@@ -1,0 +1,105 @@
+"""A scriptable stand-in for one SGLang server, on loopback, for unit tests of the gateway's upstream side."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+MODEL = "fake-model"
+
+
+def chunk(content: str) -> bytes:
+    """One SSE chat chunk carrying `content`."""
+    body = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": content}}]}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def usage_chunk(completion_tokens: int) -> bytes:
+    body = {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": completion_tokens}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+@dataclass
+class FakeBackend:
+    """What the fake answers; change the fields between requests.
+
+    `mode`: "stream" (tokens, usage, [DONE]), "error" (`status` with an OpenAI error body),
+    "hang" (never answers), "stall" (one token, then silence).
+    """
+
+    mode: str = "stream"
+    status: int = 500
+    tokens: int = 3
+    token_gap: float = 0.01
+    ready_status: int = 200
+    health_status: int = 200
+    posts: int = 0
+    gets: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    url: str = ""
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.posts += 1
+        self.headers.append(dict(request.headers))
+        await request.read()
+        if self.mode == "error":
+            error = {"error": {"message": "boom", "type": "server_error", "param": None, "code": "boom"}}
+            return web.json_response(error, status=self.status)
+        if self.mode == "hang":
+            await asyncio.sleep(3600)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(chunk("a"))
+        if self.mode == "stall":
+            await asyncio.sleep(3600)
+        for _ in range(self.tokens - 1):
+            await asyncio.sleep(self.token_gap)
+            await resp.write(chunk("b"))
+        await resp.write(usage_chunk(self.tokens))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def _get(self, request: web.Request) -> web.Response:
+        self.gets.append(request.path)
+        self.headers.append(dict(request.headers))
+        if request.path == "/ready":
+            return web.Response(status=self.ready_status)
+        if request.path == "/health":
+            return web.Response(status=self.health_status)
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        for path in ("/ready", "/health", "/v1/models"):
+            app.router.add_get(path, self._get)
+        return app
+
+
+@asynccontextmanager
+async def serving(fake: FakeBackend) -> AsyncIterator[FakeBackend]:
+    """Run `fake` on a free loopback port (its `url` is set) until the block ends."""
+    runner = web.AppRunner(fake.app(), shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    fake.url = f"http://127.0.0.1:{port}"
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
+
+
+def refused_url() -> str:
+    """A loopback URL nothing listens on (the port was free a moment ago)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,85 @@
+"""The health checker against scripted backends: each state it can set, and what clears it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from pydantic import SecretStr
+
+from gateway.config import HealthConfig, TimeoutConfig
+from gateway.health import HealthChecker
+from gateway.pool import Backend, Health, Pool
+from gateway.upstream import UpstreamClient
+from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
+
+FAST = HealthConfig(ready_interval=0.02, ready_timeout=1.0, health_interval=0.1, health_timeout=1.0)
+
+
+@asynccontextmanager
+async def checking(url: str, *, api_key: SecretStr | None = None) -> AsyncIterator[tuple[Backend, HealthChecker]]:
+    backend = Backend("b", url, speculative=False)
+    pool = Pool([backend])
+    key = api_key.get_secret_value() if api_key else None
+    upstream = UpstreamClient(url, api_key=key, timeouts=TimeoutConfig(), max_connections=4)
+    await upstream.start()
+    checker = HealthChecker(pool, {"b": upstream}, FAST)
+    checker.start()
+    try:
+        yield backend, checker
+    finally:
+        await checker.stop()
+        await upstream.close()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_ready_backend_becomes_ready_with_its_model_discovered() -> None:
+    async with serving(FakeBackend()) as fake, checking(fake.url) as (backend, _):
+        await until(lambda: backend.health is Health.READY)
+        assert backend.served_model_name == MODEL and backend.model_card is not None
+        assert fake.gets[0] == "/health"  # a hung server is caught before the first request
+
+
+async def test_probes_carry_no_key_but_the_model_listing_does() -> None:
+    async with serving(FakeBackend()) as fake, checking(fake.url, api_key=SecretStr("k")) as (backend, _):
+        await until(lambda: backend.health is Health.READY)
+        by_path = dict(zip(fake.gets, fake.headers, strict=True))
+        assert "Authorization" not in by_path["/health"]
+        assert by_path["/v1/models"]["Authorization"] == "Bearer k"
+
+
+async def test_a_503_ready_is_unready_and_a_refused_one_is_down() -> None:
+    async with serving(FakeBackend(ready_status=503)) as fake, checking(fake.url) as (backend, _):
+        await until(lambda: "/ready" in fake.gets)
+        await until(lambda: backend.health is Health.UNREADY and "503" in backend.health_detail)
+        fake.ready_status = 200
+        await until(lambda: backend.health is Health.READY)
+    async with checking(refused_url()) as (backend, _):
+        await until(lambda: backend.health is Health.DOWN)
+
+
+async def test_a_timed_out_backend_stays_failing_until_health_passes() -> None:
+    async with serving(FakeBackend()) as fake, checking(fake.url) as (backend, checker):
+        await until(lambda: backend.health is Health.READY)
+        fake.health_status = 503
+        checker.report_timeout("b", "stream went silent")
+        assert backend.health is Health.FAILING
+        probes = len(fake.gets)
+        await until(lambda: fake.gets[probes:].count("/health") >= 2)  # /ready answers 200 all along
+        assert backend.health is Health.FAILING
+        fake.health_status = 200
+        await until(lambda: backend.health is Health.READY)
+
+
+async def test_an_unreachable_report_takes_effect_at_once() -> None:
+    async with serving(FakeBackend()) as fake, checking(fake.url) as (backend, checker):
+        await until(lambda: backend.health is Health.READY)
+        checker.report_unreachable("b", "ClientConnectorError")
+        assert backend.health is Health.DOWN
+        await until(lambda: backend.health is Health.READY)  # woken at once, the next probe restores it

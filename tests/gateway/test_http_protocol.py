@@ -1,0 +1,105 @@
+"""The HTTP protocol subclass, through a real uvicorn server on loopback.
+
+`GatewayHttpProtocol` subclasses uvicorn's private `HttpToolsProtocol` (uvicorn is pinned in
+pyproject.toml). If an upgrade renames or reshapes what it overrides, these tests fail here,
+loudly, rather than the 431 silently disappearing in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.http_protocol import GatewayHttpProtocol
+
+LIMIT = 2048
+
+
+async def ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    assert scope["type"] == "http"
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        ok_app, http=functools.partial(GatewayHttpProtocol, max_head_bytes=LIMIT), log_config=None, lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    async with asyncio.timeout(10):
+        while not server.started:
+            await asyncio.sleep(0.01)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    await asyncio.wait_for(task, 10)
+    sock.close()
+
+
+async def exchange(port: int, request: bytes) -> bytes:
+    """Send raw bytes; everything the server answers until it closes (or 5 s pass)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    data = b""
+    try:
+        async with asyncio.timeout(5):
+            while chunk := await reader.read(65536):
+                data += chunk
+    except TimeoutError:
+        pass
+    writer.close()
+    return data
+
+
+def error_of(response: bytes) -> dict[str, Any]:
+    return orjson.loads(response.split(b"\r\n\r\n", 1)[1])["error"]
+
+
+def test_the_private_api_it_overrides_is_still_there() -> None:
+    for name in ("data_received", "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_message_complete"):
+        assert callable(getattr(HttpToolsProtocol, name, None)), f"uvicorn no longer has HttpToolsProtocol.{name}"
+    assert list(inspect.signature(HttpToolsProtocol.send_400_response).parameters) == ["self", "msg"]
+    assert list(inspect.signature(HttpToolsProtocol.on_header).parameters) == ["self", "name", "value"]
+    assert "server_state" in inspect.signature(HttpToolsProtocol.__init__).parameters
+
+
+async def test_an_oversized_header_gets_431_in_openai_shape(port: int) -> None:
+    big = b"x-big: " + b"a" * (LIMIT * 2) + b"\r\n"
+    response = await exchange(port, b"GET / HTTP/1.1\r\nhost: t\r\n" + big + b"\r\n")
+    assert response.startswith(b"HTTP/1.1 431 ")
+    assert b"connection: close" in response.lower()
+    assert error_of(response)["code"] == "request_header_fields_too_large"
+
+
+async def test_an_endless_header_line_is_cut_off_too(port: int) -> None:
+    # Never completed: httptools would buffer it forever without the byte count in data_received.
+    response = await exchange(port, b"GET / HTTP/1.1\r\nx-endless: " + b"a" * (LIMIT * 4))
+    assert response.startswith(b"HTTP/1.1 431 ")
+
+
+async def test_a_malformed_request_gets_400_in_openai_shape(port: int) -> None:
+    response = await exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
+    assert response.startswith(b"HTTP/1.1 400 ")
+    assert error_of(response)["code"] == "invalid_http_request"
+
+
+async def test_requests_within_the_limit_pass_on_a_kept_alive_connection(port: int) -> None:
+    # Each head is under the limit, together they are over it: the count restarts per request.
+    one = b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nx-pad: " + b"a" * (LIMIT // 2) + b"\r\n\r\nbody"
+    last = b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+    response = await exchange(port, one * 3 + last)
+    assert response.count(b"HTTP/1.1 200 ") == 4
