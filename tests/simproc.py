@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_LISTENING = re.compile(r"(\w+) server \(profile [^)]*\) listening on http://(\S+):(\d+)")
+_LISTENING = re.compile(r"(\w+) server \(profile [^)]*\) listening on http://(\S+):(\d+)(?: \(group (\d+)\))?")
 READY_LINE = "The server is fired up and ready to roll!"
 
 
@@ -35,11 +35,12 @@ class SimStartError(RuntimeError):
 
 @dataclass
 class SimHandle:
-    """A running sim process and the ports of its roles."""
+    """A running sim process and the ports of its roles (`ports`: group 0's; `group_ports`: every group's)."""
 
     proc: subprocess.Popen[bytes]
     log_path: Path
     ports: dict[str, int] = field(default_factory=dict)
+    group_ports: list[dict[str, int]] = field(default_factory=list)
     host: str = "127.0.0.1"
 
     def url(self, role: str | None = None) -> str:
@@ -49,6 +50,15 @@ class SimHandle:
                 raise ValueError(f"this sim serves {sorted(self.ports)}; name a role")
             role = next(iter(self.ports))
         return f"http://{self.host}:{self.ports[role]}"
+
+    def group_url(self, group: int, role: str | None = None) -> str:
+        """Base URL of `role` in group (or replica) `group` (the group's only role when None)."""
+        ports = self.group_ports[group]
+        if role is None:
+            if len(ports) != 1:
+                raise ValueError(f"group {group} serves {sorted(ports)}; name a role")
+            role = next(iter(ports))
+        return f"http://{self.host}:{ports[role]}"
 
     def log(self) -> str:
         """Everything the sim has printed so far."""
@@ -101,6 +111,11 @@ def _with_ports(args: Sequence[str]) -> list[str]:
     return out
 
 
+def _servers(argv: Sequence[str]) -> int:
+    """How many servers the sim started with `argv` will log as listening."""
+    return sum(arg in ("--port", "--eagle-port", "--plain-port") for arg in argv)
+
+
 def _get_status(url: str, timeout: float) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -116,7 +131,7 @@ def start_sim(
 ) -> SimHandle:
     """Start `python -m backends.sim *args` and wait until it listens (and, with `wait_ready`, /ready is 200)."""
     argv = _with_ports(args)
-    expected = 2 if "--colocated" in argv else 1
+    expected = _servers(argv)
     log_fd, log_name = tempfile.mkstemp(prefix="sim-", suffix=".log")
     try:
         proc = subprocess.Popen(
@@ -140,11 +155,16 @@ def start_sim(
 
 
 def _wait_up(handle: SimHandle, expected: int, wait_ready: bool, deadline: float) -> None:
-    while len(handle.ports) < expected:
-        for role, host, port in _LISTENING.findall(handle.log()):
-            handle.host = host
-            handle.ports[role] = int(port)
-        if len(handle.ports) >= expected:
+    while True:
+        found = _LISTENING.findall(handle.log())
+        if len(found) >= expected:
+            for role, host, port, group in found:
+                handle.host = host
+                index = int(group or 0)
+                while len(handle.group_ports) <= index:
+                    handle.group_ports.append({})
+                handle.group_ports[index][role] = int(port)
+            handle.ports = dict(handle.group_ports[0])
             break
         if not handle.alive():
             raise SimStartError(f"sim exited with {handle.proc.returncode}:\n{handle.log()}")
@@ -153,9 +173,9 @@ def _wait_up(handle: SimHandle, expected: int, wait_ready: bool, deadline: float
         time.sleep(0.02)
     if not wait_ready:
         return
-    pending = set(handle.ports)
+    pending = {f"http://{handle.host}:{port}" for ports in handle.group_ports for port in ports.values()}
     while pending:
-        pending = {role for role in pending if _get_status(handle.url(role) + "/ready", timeout=1.0) != 200}
+        pending = {url for url in pending if _get_status(url + "/ready", timeout=1.0) != 200}
         if not pending:
             return
         if not handle.alive():
