@@ -94,8 +94,3 @@ def test_a_group_that_does_not_fit_is_refused_at_start() -> None:
     assert "cannot start: a group of 4 GPUs does not fit" in result.stderr
     assert "a node of 8 GPUs can hold 1 such group of 8 GPUs" in result.stderr
 
-
-def test_mismatched_port_counts_are_a_usage_error() -> None:
-    result = sim_cli("--colocated", "--eagle-port", "0", "--eagle-port", "0", "--plain-port", "0")
-    assert result.returncode == 2
-    assert "got 2 --eagle-port and 1 --plain-port" in result.stderr
