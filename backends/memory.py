@@ -50,7 +50,7 @@ def kv_budget_gb(memory: ModelMemory, gpus: int, fraction: float, *, speculative
 def kv_bytes_per_token(reference_budget_gb: float, reference_tokens: int) -> float:
     """KV bytes one token costs, from a server whose `reference_budget_gb` holds `reference_tokens`."""
     if reference_budget_gb <= 0 or reference_tokens < 1:
-        raise ValueError(f"a reference server needs KV room and tokens, got {reference_budget_gb} GB, {reference_tokens}")
+        raise ValueError(f"a reference needs KV room and tokens, got {reference_budget_gb} GB for {reference_tokens}")
     return reference_budget_gb * _BYTES_PER_GB / reference_tokens
 
 

@@ -166,7 +166,8 @@ def sim_command(**options: Any) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="[%(asctime)s] %(message)s", stream=sys.stdout, force=True
     )
-    process = SimProcess(settings, profile, slots, redacted_command([sys.executable, "-m", "backends.sim", *sys.argv[1:]]))
+    command = redacted_command([sys.executable, "-m", "backends.sim", *sys.argv[1:]])
+    process = SimProcess(settings, profile, slots, command)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(process.run())

@@ -154,8 +154,9 @@ class Profile(_Table):
         return ModelMemory(self.gpu_memory_gb, self.target_weights_gb, self.draft_weights_gb)
 
     def lone_kv_budget_gb(self, role: Role) -> float:
-        """KV room of a lone server of `role` on `num_gpus` GPUs at `mem_fraction_static`: what holds max_total_tokens."""
-        return kv_budget_gb(self.memory, self.num_gpus, self.mem_fraction_static, speculative=self.role(role).speculative)
+        """KV room of a lone `role` server on `num_gpus` GPUs at `mem_fraction_static`: it holds max_total_tokens."""
+        speculative = self.role(role).speculative
+        return kv_budget_gb(self.memory, self.num_gpus, self.mem_fraction_static, speculative=speculative)
 
     def kv_bytes_per_token(self, role: Role) -> float:
         """KV bytes per token of `role`: its lone server's KV room over its `max_total_tokens`."""

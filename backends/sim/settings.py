@@ -91,7 +91,8 @@ class SimSettings(BaseModel):
                 raise ValueError("--eagle/--plain-max-running-requests only apply with --colocated")
             if self.eagle_mem_fraction is not None or self.plain_mem_fraction is not None:
                 raise ValueError("--eagle/--plain-mem-fraction only apply with --colocated")
-        repeated = sorted(port for port, n in Counter(self.port + self.eagle_port + self.plain_port).items() if port and n > 1)
+        counts = Counter(self.port + self.eagle_port + self.plain_port)
+        repeated = sorted(port for port, n in counts.items() if port and n > 1)
         if repeated:
             raise ValueError(f"port {repeated[0]} is given more than once")
         return self

@@ -45,7 +45,8 @@ def test_colocated_kv_is_the_memory_share_minus_the_weights() -> None:
         assert slot.max_total_tokens < 0.5 * profile.role(slot.role).max_total_tokens
     # A lone server at the profile's fraction holds the profile's tokens, so tokens scale with the budget.
     lone_budget = 0.88 * 80 - 16.1
-    assert plain.max_total_tokens == pytest.approx(profile.plain.max_total_tokens * plain.kv_budget_gb / lone_budget, abs=1)
+    expected = profile.plain.max_total_tokens * plain.kv_budget_gb / lone_budget
+    assert plain.max_total_tokens == pytest.approx(expected, abs=1)
 
 
 def test_memory_flags_and_gpus_per_group_move_the_budget() -> None:
