@@ -26,7 +26,7 @@ from typing import Self
 from backends.process import Child, ProcessExited, descendants
 from backends.readiness import wait_until_ready_blocking
 
-_LISTENING = re.compile(r"(\w+) server \(profile [^)]*\) listening on http://(\S+):(\d+)")
+_LISTENING = re.compile(r"(\w+) server \(profile [^)]*\) listening on http://(\S+):(\d+)(?: \(group (\d+)\))?")
 _SERVING = re.compile(r"serving on (http://\S+)")
 _UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # each line in the log file as soon as it is printed
 
@@ -53,10 +53,11 @@ def _await_lines(child: Child, pattern: re.Pattern[str], count: int, timeout: fl
 
 @dataclass
 class SimHandle:
-    """A running sim process and the ports of its roles."""
+    """A running sim process and the ports of its roles (`ports`: group 0's; `group_ports`: every group's)."""
 
     child: Child
     ports: dict[str, int] = field(default_factory=dict)
+    group_ports: list[dict[str, int]] = field(default_factory=list)
     host: str = "127.0.0.1"
     owns_log: bool = True  # the log is a temporary file of ours, removed by `discard`
 
@@ -67,6 +68,15 @@ class SimHandle:
                 raise ValueError(f"this sim serves {sorted(self.ports)}; name a role")
             role = next(iter(self.ports))
         return f"http://{self.host}:{self.ports[role]}"
+
+    def group_url(self, group: int, role: str | None = None) -> str:
+        """Base URL of `role` in group (or replica) `group` (the group's only role when None)."""
+        ports = self.group_ports[group]
+        if role is None:
+            if len(ports) != 1:
+                raise ValueError(f"group {group} serves {sorted(ports)}; name a role")
+            role = next(iter(ports))
+        return f"http://{self.host}:{ports[role]}"
 
     def log(self) -> str:
         """Everything the sim has printed so far."""
@@ -134,11 +144,17 @@ def start_sim(
     handle = SimHandle(child, owns_log=log_path is None)
     deadline = time.monotonic() + timeout
     try:
-        for match in _await_lines(child, _LISTENING, 2 if "--colocated" in argv else 1, timeout):
+        servers = sum(arg in ("--port", "--eagle-port", "--plain-port") for arg in argv)
+        for match in _await_lines(child, _LISTENING, servers, timeout):
             handle.host = match[2]
-            handle.ports[match[1]] = int(match[3])
-        for role in handle.ports if wait_ready else ():
-            wait_until_ready_blocking(handle.url(role), child, max(deadline - time.monotonic(), 0.1))
+            index = int(match[4] or 0)
+            while len(handle.group_ports) <= index:
+                handle.group_ports.append({})
+            handle.group_ports[index][match[1]] = int(match[3])
+        handle.ports = dict(handle.group_ports[0])
+        for url in (handle.group_url(g, role) for g, ports in enumerate(handle.group_ports) for role in ports):
+            if wait_ready:
+                wait_until_ready_blocking(url, child, max(deadline - time.monotonic(), 0.1))
     except BaseException:
         handle.stop(timeout=2.0)
         raise

@@ -15,7 +15,9 @@ import uvloop
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from backends.resolve import COLOCATED_MEM_SHARE
 from backends.sim.faults import FAULT_KINDS, describe_error, parse_fault
+from backends.sim.layout import LayoutError, plan_layout
 from backends.sim.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, ROLES, ProfileError, load_profile
 from backends.sim.server import SimProcess
 from backends.sim.settings import SimSettings
@@ -65,10 +67,36 @@ def _option_error(err: ErrorDetails) -> str:
 
 @click.command("sim", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--role", type=click.Choice(ROLES), help="server to simulate (not with --colocated)")
-@click.option("--port", type=click.IntRange(0, 65535), help="port to serve on; 0 picks a free one")
-@click.option("--colocated", is_flag=True, help="serve eagle and plain from one process on ONE simulated GPU timeline")
-@click.option("--eagle-port", type=click.IntRange(0, 65535), help="eagle port with --colocated")
-@click.option("--plain-port", type=click.IntRange(0, 65535), help="plain port with --colocated")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    multiple=True,
+    help="port to serve on; 0 picks a free one. Repeat for replicas, each on its own simulated GPUs",
+)
+@click.option(
+    "--colocated", is_flag=True, help="serve eagle and plain from one process, each pair on ONE simulated GPU timeline"
+)
+@click.option(
+    "--eagle-port", type=click.IntRange(0, 65535), multiple=True, help="eagle port with --colocated; one per group"
+)
+@click.option(
+    "--plain-port", type=click.IntRange(0, 65535), multiple=True, help="plain port with --colocated; one per group"
+)
+@click.option(
+    "--eagle-mem-fraction",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    help=f"eagle's share of its group's GPU memory with --colocated [default: {COLOCATED_MEM_SHARE['eagle']}]",
+)
+@click.option(
+    "--plain-mem-fraction",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    help=f"plain's share of its group's GPU memory with --colocated [default: {COLOCATED_MEM_SHARE['plain']}]",
+)
+@click.option(
+    "--gpus-per-group",
+    type=click.IntRange(min=1),
+    help="GPUs of each group or replica: scales its memory, not its step times [default: the profile's num_gpus]",
+)
 @click.option(
     "--profile",
     type=click.Choice(sorted(BUILTIN_PROFILES)),
@@ -121,6 +149,8 @@ def sim_command(**options: Any) -> None:
             f"at start a fault is one of {', '.join(STARTUP_FAULT_KINDS)}", param_hint="--test-fault"
         )
     options["extra_metric_labels"] = _labels(options["extra_metric_labels"])
+    for flag in ("port", "eagle_port", "plain_port"):
+        options[flag] = list(options[flag])
     try:
         settings = SimSettings(**options)
     except ValidationError as exc:
@@ -129,10 +159,15 @@ def sim_command(**options: Any) -> None:
         profile = load_profile(settings.profile, settings.profile_file)
     except ProfileError as exc:
         raise click.UsageError(str(exc)) from exc
+    try:
+        slots = plan_layout(settings, profile)
+    except LayoutError as exc:
+        raise click.ClickException(f"cannot start: {exc}") from exc
     logging.basicConfig(
         level=settings.log_level.upper(), format="[%(asctime)s] %(message)s", stream=sys.stdout, force=True
     )
-    process = SimProcess(settings, profile, redacted_command([sys.executable, "-m", "backends.sim", *sys.argv[1:]]))
+    command = redacted_command([sys.executable, "-m", "backends.sim", *sys.argv[1:]])
+    process = SimProcess(settings, profile, slots, command)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(process.run())

@@ -17,6 +17,7 @@ from typing import Literal
 
 from backends.sim.engine import Engine, RequestError, SimRequest
 from backends.sim.faults import FaultState
+from backends.sim.layout import ServerSlot
 from backends.sim.metrics import SimMetrics
 from backends.sim.profiles import Profile, Role, RoleProfile
 from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
@@ -39,6 +40,7 @@ class Endpoint:
     port: int
     profile: Profile
     table: RoleProfile
+    slot: ServerSlot
     settings: SimSettings
     engine: Engine
     faults: FaultState

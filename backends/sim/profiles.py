@@ -9,6 +9,11 @@ while its running batch is below `adaptive_off_batch` and otherwise runs plain d
 pay the draft model's per-step cost (`off_overhead`). Every key left out of that table is derived from
 the `eagle` and `plain` tables (see `derive_adaptive`), so overriding `eagle.tau` also moves the
 adaptive server's behaviour.
+
+Memory (`backends/memory.py`): a profile states each GPU's memory, the whole target model's and the
+EAGLE-3 draft's weights, the lone-server `mem_fraction_static` its `max_total_tokens` were measured
+at, and the GPUs of the node. From them each role's KV bytes per token follow (`kv_bytes_per_token`),
+so a server given another share of memory (co-located) or other GPUs holds its own budget's tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.memory import ModelMemory, kv_budget_gb, kv_bytes_per_token
 
 Role = Literal["plain", "eagle", "adaptive"]
 ROLES: tuple[Role, ...] = ("plain", "eagle", "adaptive")
@@ -110,6 +117,13 @@ class Profile(_Table):
     max_prefill_tokens: int = Field(
         default=16384, ge=1, description="prompt tokens admitted per step (SGLang's --max-prefill-tokens)"
     )
+    gpu_memory_gb: float = Field(gt=0, description="memory of each GPU, GB")
+    target_weights_gb: float = Field(gt=0, description="the served model's weights, whole (TP splits them), GB")
+    draft_weights_gb: float = Field(ge=0, description="the EAGLE-3 draft's weights, whole, GB")
+    mem_fraction_static: float = Field(
+        gt=0, lt=1, description="share of memory a lone server takes; max_total_tokens are measured at it"
+    )
+    node_gpus: int = Field(ge=1, description="GPUs of one node, for how many groups it can hold")
     plain: RoleProfile
     eagle: RoleProfile
     adaptive: AdaptiveProfile
@@ -121,6 +135,32 @@ class Profile(_Table):
             data = dict(data)
             data["adaptive"] = derive_adaptive(data["eagle"], data["plain"], data.get("adaptive") or {})
         return data
+
+    @model_validator(mode="after")
+    def _lone_servers_fit(self) -> Profile:
+        if self.num_gpus > self.node_gpus:
+            raise ValueError(f"num_gpus ({self.num_gpus}) exceeds node_gpus ({self.node_gpus})")
+        for role in ROLES:
+            if self.lone_kv_budget_gb(role) <= 0:
+                raise ValueError(
+                    f"a lone {role} server's weights ({self.memory.weights_gb(self.role(role).speculative):g} GB) "
+                    f"leave no KV room in {self.mem_fraction_static:g} of {self.num_gpus} x {self.gpu_memory_gb:g} GB"
+                )
+        return self
+
+    @property
+    def memory(self) -> ModelMemory:
+        """The GPU memory and the weights' sizes."""
+        return ModelMemory(self.gpu_memory_gb, self.target_weights_gb, self.draft_weights_gb)
+
+    def lone_kv_budget_gb(self, role: Role) -> float:
+        """KV room of a lone `role` server on `num_gpus` GPUs at `mem_fraction_static`: it holds max_total_tokens."""
+        speculative = self.role(role).speculative
+        return kv_budget_gb(self.memory, self.num_gpus, self.mem_fraction_static, speculative=speculative)
+
+    def kv_bytes_per_token(self, role: Role) -> float:
+        """KV bytes per token of `role`: its lone server's KV room over its `max_total_tokens`."""
+        return kv_bytes_per_token(self.lone_kv_budget_gb(role), self.role(role).max_total_tokens)
 
     def role(self, role: Role) -> RoleProfile:
         """The table of one role."""
@@ -201,6 +241,15 @@ def _best_off_batch(table: dict[str, Any]) -> int | None:
     return cap + 1  # drafting pays at every batch the server can run: it never switches off
 
 
+# SGLang's default mem_fraction_static for one server by TP size (its long-standing table:
+# 0.88 at TP 1, 0.87 at 2, 0.85 at 4, 0.81 at 8): the share the profiles' KV capacities are taken at.
+#
+# field-8gpu's model is not named by its source; the memory assumes a Qwen3-235B-A22B-FP8-class MoE
+# (about 236 GB of weights, which also suits its 4.5 ms fixed step cost: a dense model of much more
+# could not be read in that time) with an EAGLE-3 draft of one decoder layer plus embeddings and a
+# 32k-token head (about 2 GB in bf16), on 8 x B200 of 180 GB each (DGX B200: 1,440 GB in all).
+# Both servers fit co-located on the 8 GPUs at the default shares; on 4 GPUs the EAGLE server's
+# 0.3 share (216 GB) does not hold its weights.
 _FIELD_8GPU: dict[str, Any] = {
     "name": "field-8gpu",
     "model_path": "specgate-sim/field-8gpu",
@@ -208,6 +257,11 @@ _FIELD_8GPU: dict[str, Any] = {
     "num_gpus": 8,
     "context_length": 131072,
     "default_max_tokens": 256,
+    "gpu_memory_gb": 180.0,
+    "target_weights_gb": 236.0,
+    "draft_weights_gb": 2.0,
+    "mem_fraction_static": 0.81,
+    "node_gpus": 8,
     "plain": {
         "t0_ms": 4.53,
         "per_request_ms": 1.294,
@@ -229,7 +283,11 @@ _FIELD_8GPU: dict[str, Any] = {
 }
 
 # KV capacities are estimates for an 80 GB H100 (16 GB of bf16 weights, 128 KiB of KV per token);
-# the EAGLE server loses some to the draft model's weights and KV.
+# the EAGLE server loses some to the draft model's weights and KV. Memory: Llama-3.1-8B has 8.03 B
+# parameters (16.1 GB in bf16); its EAGLE-3 draft (one decoder layer, the 3-layer fusion and a
+# 32k-token head, about 0.43 B parameters) is about 0.9 GB. At SGLang's 0.88 these give 136 KB of KV
+# per token for plain and 139 KB for EAGLE (draft KV included), near the real 128 KiB and 132 KiB.
+# The node: 8 x H100, one server (or one group) per GPU.
 _LLAMA8B_H100: dict[str, Any] = {
     "name": "llama8b-h100",
     "model_path": "meta-llama/Llama-3.1-8B-Instruct",
@@ -238,6 +296,11 @@ _LLAMA8B_H100: dict[str, Any] = {
     "context_length": 131072,
     "default_max_tokens": 256,
     "eos_token_id": 128009,
+    "gpu_memory_gb": 80.0,
+    "target_weights_gb": 16.1,
+    "draft_weights_gb": 0.9,
+    "mem_fraction_static": 0.88,
+    "node_gpus": 8,
     "plain": {
         "t0_ms": 6.27,
         "per_request_ms": 0.045,

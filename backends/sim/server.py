@@ -16,8 +16,9 @@ from backends.sim.app import apply_fault, create_app
 from backends.sim.endpoint import Endpoint
 from backends.sim.engine import Engine
 from backends.sim.faults import FaultState
+from backends.sim.layout import ServerSlot
 from backends.sim.metrics import SimMetrics
-from backends.sim.profiles import Profile, Role
+from backends.sim.profiles import Profile
 from backends.sim.responses import InjectedDrop
 from backends.sim.settings import SimSettings
 from backends.sim.steps import StepModel
@@ -58,17 +59,19 @@ def bind(host: str, port: int) -> socket.socket:
 class SimProcess:
     """The endpoints of one `specgate sim` invocation and their shared lifecycle."""
 
-    def __init__(self, settings: SimSettings, profile: Profile, launch_command: str) -> None:
+    def __init__(self, settings: SimSettings, profile: Profile, slots: list[ServerSlot], launch_command: str) -> None:
         self.settings = settings
         self.profile = profile
+        self.slots = slots
         self.launch_command = launch_command
         self.endpoints: list[Endpoint] = []
         self._servers: list[UvicornServer] = []
         self._stopping = False
 
-    def _endpoint(self, role: Role, port: int, timeline: Timeline, text: PseudoText, index: int) -> Endpoint:
+    def _endpoint(self, slot: ServerSlot, port: int, timeline: Timeline, text: PseudoText, index: int) -> Endpoint:
         settings = self.settings
-        table = self.profile.role(role)
+        role = slot.role
+        table = self.profile.role(role).model_copy(update={"max_total_tokens": slot.max_total_tokens})
         cap = settings.running_cap(role)
         if cap is not None:
             table = table.model_copy(update={"max_running_requests": cap})
@@ -96,6 +99,7 @@ class SimProcess:
             port=port,
             profile=self.profile,
             table=table,
+            slot=slot,
             settings=settings,
             engine=engine,
             faults=FaultState(),
@@ -112,12 +116,12 @@ class SimProcess:
         settings = self.settings
         loop = asyncio.get_running_loop()
         text = PseudoText(settings.seed)
-        shared = Timeline() if settings.colocated else None
+        timelines = {slot.group: Timeline() for slot in self.slots}
         sockets: list[socket.socket] = []
-        for index, (role, port) in enumerate(settings.endpoints()):
-            sock = bind(settings.host, port)
+        for index, slot in enumerate(self.slots):
+            sock = bind(settings.host, slot.port)
             sockets.append(sock)
-            self.endpoints.append(self._endpoint(role, sock.getsockname()[1], shared or Timeline(), text, index))
+            self.endpoints.append(self._endpoint(slot, sock.getsockname()[1], timelines[slot.group], text, index))
         for endpoint in self.endpoints:
             config = uvicorn.Config(
                 create_app(endpoint),
@@ -132,16 +136,20 @@ class SimProcess:
         logging.getLogger("uvicorn.error").addFilter(_QuietInjectedDrops())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        engines = [asyncio.create_task(ep.engine.run(), name=f"engine-{ep.role}") for ep in self.endpoints]
+        engines = [
+            asyncio.create_task(ep.engine.run(), name=f"engine-{ep.role}-{ep.slot.group}") for ep in self.endpoints
+        ]
         startup = asyncio.create_task(self._warm_up())
+        several = len(timelines) > 1
         try:
             for endpoint in self.endpoints:
                 logger.info(
-                    "%s server (profile %s) listening on http://%s:%d",
+                    "%s server (profile %s) listening on http://%s:%d%s",
                     endpoint.role,
                     self.profile.name,
                     settings.host,
                     endpoint.port,
+                    f" (group {endpoint.slot.group})" if several else "",
                 )
             await asyncio.gather(
                 *(server.serve(sockets=[sock]) for server, sock in zip(self._servers, sockets, strict=True))

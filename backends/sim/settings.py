@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from backends.resolve import COLOCATED_MEM_SHARE
 from backends.sim.faults import FaultSpec
-from backends.sim.profiles import DEFAULT_PROFILE, Role
+from backends.sim.profiles import DEFAULT_PROFILE, Profile, Role
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+Port = Annotated[int, Field(ge=0, le=65535)]
+MemShare = Annotated[float, Field(gt=0, lt=1)]
 
 
 class SimSettings(BaseModel):
-    """Options of one simulator process (one role on one port, or both roles on one GPU timeline)."""
+    """Options of one simulator process: K replicas of one role (one port each, each its own simulated
+    GPUs), or K co-located groups (an eagle and a plain port each, both on the group's GPU timeline).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     role: Role | None = None
-    port: int | None = Field(default=None, ge=0, le=65535, description="0 picks a free port")
+    port: list[Port] = Field(default_factory=list, description="one per replica; 0 picks a free port")
     colocated: bool = False
-    eagle_port: int | None = Field(default=None, ge=0, le=65535)
-    plain_port: int | None = Field(default=None, ge=0, le=65535)
+    eagle_port: list[Port] = Field(default_factory=list, description="one per co-located group")
+    plain_port: list[Port] = Field(default_factory=list, description="one per co-located group")
+    eagle_mem_fraction: MemShare | None = None
+    plain_mem_fraction: MemShare | None = None
+    gpus_per_group: int | None = Field(default=None, ge=1, description="default: the profile's num_gpus")
     host: str = "127.0.0.1"
     profile: str = DEFAULT_PROFILE
     profile_file: Path | None = None
@@ -62,21 +71,30 @@ class SimSettings(BaseModel):
     @model_validator(mode="after")
     def _one_topology(self) -> SimSettings:
         if self.colocated:
-            if self.role is not None or self.port is not None:
+            if self.role is not None or self.port:
                 raise ValueError("--colocated runs both roles: give --eagle-port and --plain-port, not --role/--port")
-            if self.eagle_port is None or self.plain_port is None:
+            if not self.eagle_port or not self.plain_port:
                 raise ValueError("--colocated needs --eagle-port and --plain-port")
+            if len(self.eagle_port) != len(self.plain_port):
+                raise ValueError(
+                    f"--colocated serves one eagle and one plain port per group: got {len(self.eagle_port)} "
+                    f"--eagle-port and {len(self.plain_port)} --plain-port"
+                )
             if self.max_running_requests is not None:
                 raise ValueError("--colocated sets each role's cap: --eagle/--plain-max-running-requests")
-            if self.eagle_port == self.plain_port and self.eagle_port != 0:
-                raise ValueError(f"--eagle-port and --plain-port are both {self.eagle_port}")
         else:
-            if self.role is None or self.port is None:
+            if self.role is None or not self.port:
                 raise ValueError("give --role and --port (or --colocated with --eagle-port and --plain-port)")
-            if self.eagle_port is not None or self.plain_port is not None:
+            if self.eagle_port or self.plain_port:
                 raise ValueError("--eagle-port/--plain-port only apply with --colocated")
             if self.eagle_max_running_requests is not None or self.plain_max_running_requests is not None:
                 raise ValueError("--eagle/--plain-max-running-requests only apply with --colocated")
+            if self.eagle_mem_fraction is not None or self.plain_mem_fraction is not None:
+                raise ValueError("--eagle/--plain-mem-fraction only apply with --colocated")
+        counts = Counter(self.port + self.eagle_port + self.plain_port)
+        repeated = sorted(port for port, n in counts.items() if port and n > 1)
+        if repeated:
+            raise ValueError(f"port {repeated[0]} is given more than once")
         return self
 
     def running_cap(self, role: Role) -> int | None:
@@ -84,13 +102,19 @@ class SimSettings(BaseModel):
         per_role = {"eagle": self.eagle_max_running_requests, "plain": self.plain_max_running_requests}
         return per_role.get(role) or self.max_running_requests
 
-    def endpoints(self) -> list[tuple[Role, int]]:
-        """The (role, port) pairs this process serves."""
+    def groups(self) -> list[list[tuple[Role, int]]]:
+        """The (role, port) pairs this process serves, by group: servers of one group share its GPUs."""
         if self.colocated:
-            assert self.eagle_port is not None and self.plain_port is not None
-            return [("eagle", self.eagle_port), ("plain", self.plain_port)]
-        assert self.role is not None and self.port is not None
-        return [(self.role, self.port)]
+            return [[("eagle", e), ("plain", p)] for e, p in zip(self.eagle_port, self.plain_port, strict=True)]
+        assert self.role is not None
+        return [[(self.role, port)] for port in self.port]
+
+    def mem_share(self, role: Role, profile: Profile) -> float:
+        """Share of its group's GPU memory a server of `role` takes: co-located, its split; alone, the profile's."""
+        if not self.colocated:
+            return profile.mem_fraction_static
+        given = self.eagle_mem_fraction if role == "eagle" else self.plain_mem_fraction
+        return given or COLOCATED_MEM_SHARE[role]
 
     def metric_labels(self, role: Role) -> dict[str, str]:
         """Extra metric labels of one endpoint; colocated endpoints are told apart by `pool=<role>`."""

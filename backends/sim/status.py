@@ -9,9 +9,6 @@ from backends.sim.endpoint import SGLANG_VERSION, Endpoint
 
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
-# Bytes of KV per token reported in the memory section (a Llama-3.1-8B-like layout); display only.
-_KV_BYTES_PER_TOKEN = 131072
-
 
 def model_card(ep: Endpoint, model_id: str) -> dict[str, Any]:
     """One entry of `/v1/models`."""
@@ -63,11 +60,12 @@ def server_info(ep: Endpoint) -> dict[str, Any]:
         "host": ep.host,
         "port": ep.port,
         "context_length": ep.profile.context_length,
-        "tp_size": ep.profile.num_gpus,
+        "tp_size": ep.slot.gpus,
         "dp_size": 1,
         "max_running_requests": table.max_running_requests,
         "max_total_tokens": table.max_total_tokens,
         "max_prefill_tokens": ep.profile.max_prefill_tokens,
+        "mem_fraction_static": ep.slot.mem_share,
         "speculative_algorithm": ep.speculative_algorithm,
         "speculative_draft_model_path": f"{ep.profile.model_path}-eagle3" if speculative else None,
         "speculative_num_steps": table.num_draft_tokens - 1 if speculative else None,
@@ -86,17 +84,28 @@ def server_info(ep: Endpoint) -> dict[str, Any]:
             "profile": ep.profile.model_dump(),
             "time_scale": ep.settings.time_scale,
             "seed": ep.settings.seed,
+            "group": ep.slot.group,
+            "memory": {
+                "gpus": ep.slot.gpus,
+                "gpu_memory_gb": ep.profile.gpu_memory_gb,
+                "mem_share": ep.slot.mem_share,
+                "weights_gb": round(ep.slot.weights_gb, 3),
+                "kv_budget_gb": round(ep.slot.kv_budget_gb, 3),
+                "kv_bytes_per_token": round(ep.slot.kv_bytes_per_token),
+                "max_total_tokens": ep.slot.max_total_tokens,
+            },
         },
     }
 
 
 def _memory(ep: Endpoint) -> dict[str, Any]:
-    capacity = ep.table.max_total_tokens
+    """Rank 0's memory, as SGLang reports it: per GPU."""
+    slot = ep.slot
     return {
-        "weight_gb": 0.0,
-        "kv_cache_gb": round(capacity * _KV_BYTES_PER_TOKEN / 2**30, 3),
+        "weight_gb": round(slot.weights_gb / slot.gpus, 3),
+        "kv_cache_gb": round(slot.kv_budget_gb / slot.gpus, 3),
         "graph_gb": 0.0,
-        "token_capacity": capacity,
+        "token_capacity": ep.table.max_total_tokens,
     }
 
 
@@ -147,7 +156,7 @@ def loads(ep: Endpoint, include: set[str] | None, dp_rank: int | None) -> dict[s
         "timestamp": datetime.now(UTC).isoformat(),
         "version": SGLANG_VERSION,
         "accelerator": ep.profile.accelerator,
-        "num_accelerators": ep.profile.num_gpus,
+        "num_accelerators": ep.slot.gpus,
         "loads": [load_entry(ep, include)] if dp_rank in (None, 0) else [],
     }
 

@@ -1,0 +1,70 @@
+"""Which servers one simulator process runs, on which simulated GPUs, and the KV room each one has.
+
+Every group (a co-located pair, or one replica of a role) has `gpus_per_group` GPUs and its own
+timeline. Each server takes its share of the group's memory (`SimSettings.mem_share`), holds its
+weights there, and keeps the rest as KV cache: its budget divided by the role's KV bytes per token
+(`Profile.kv_bytes_per_token`) is its `max_total_tokens`. A lone server on the profile's GPUs keeps
+the profile's `max_total_tokens` exactly. A group whose servers do not fit is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.memory import ServerShare, group_misfit, kv_budget_gb, kv_tokens, node_capacity
+from backends.sim.profiles import Profile, Role
+from backends.sim.settings import SimSettings
+
+
+class LayoutError(ValueError):
+    """The servers asked for do not fit their GPUs."""
+
+
+@dataclass(frozen=True)
+class ServerSlot:
+    """One simulated server: its role, port, group, and its place in the group's GPU memory."""
+
+    role: Role
+    port: int
+    group: int  # servers of one group share a simulated GPU timeline
+    gpus: int
+    mem_share: float  # of the group's whole GPU memory
+    weights_gb: float
+    kv_budget_gb: float
+    kv_bytes_per_token: float
+    max_total_tokens: int
+
+
+def plan_layout(settings: SimSettings, profile: Profile) -> list[ServerSlot]:
+    """Every server of the process in start order (group by group); `LayoutError` if a group does not fit."""
+    gpus = settings.gpus_per_group or profile.num_gpus
+    memory = profile.memory
+    slots: list[ServerSlot] = []
+    for index, group in enumerate(settings.groups()):
+        shares = [
+            ServerShare(role, settings.mem_share(role, profile), profile.role(role).speculative) for role, _ in group
+        ]
+        problem = group_misfit(memory, gpus, shares)
+        if problem is not None:
+            noun = "group" if settings.colocated else f"{group[0][0]} server"
+            raise LayoutError(
+                f"a {noun} of {gpus} GPUs does not fit: {problem}; "
+                f"{node_capacity(memory, profile.node_gpus, shares, noun)}"
+            )
+        for (role, port), share in zip(group, shares, strict=True):
+            budget = kv_budget_gb(memory, gpus, share.fraction, speculative=share.speculative)
+            per_token = profile.kv_bytes_per_token(role)
+            slots.append(
+                ServerSlot(
+                    role=role,
+                    port=port,
+                    group=index,
+                    gpus=gpus,
+                    mem_share=share.fraction,
+                    weights_gb=memory.weights_gb(share.speculative),
+                    kv_budget_gb=budget,
+                    kv_bytes_per_token=per_token,
+                    max_total_tokens=kv_tokens(budget, per_token),
+                )
+            )
+    return slots
