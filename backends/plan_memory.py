@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from backends.config import LaunchConfig
 from backends.memory import ModelMemory, kv_budget_gb
-from backends.resolve import EAGLE, PlanError, ResolvedGroup, ResolvedServer, load_launch_profile
+from backends.resolve import EAGLE, PLAIN, PlanError, ResolvedGroup, ResolvedServer, load_launch_profile
 
 
 def check_launch_memory(launch: LaunchConfig, groups: Sequence[ResolvedGroup]) -> None:
@@ -76,13 +76,14 @@ def _refusal(group: ResolvedGroup, gpus: int, server: ResolvedServer, memory: Mo
     if speculative and memory.draft_weights_gb:
         weights = f"{memory.target_weights_gb:g} + {memory.draft_weights_gb:g} GB (target + draft)"
     shares = {s.role: _share(s) for s in group.servers}
-    need = min_group_gpus(memory, shares[EAGLE], shares["plain"])
-    fits = node_gpus // need
+    need = min_group_gpus(memory, shares[EAGLE], shares[PLAIN])
+    # Equal groups that tile the node: the smallest divisor of its GPU count that is large enough.
+    size = next((n for n in range(need, node_gpus + 1) if node_gpus % n == 0), None)
     capacity = (
         f"with these shares a group needs at least {need} GPUs, so the node's {node_gpus} GPUs hold "
-        f"{fits} group(s) (e.g. launch.group_size = {need})"
-        if fits
-        else f"even all {node_gpus} GPUs in one group do not hold both copies with these shares"
+        f"{node_gpus // size} group(s) of {size} (launch.group_size = {size})"
+        if size is not None
+        else f"even all {node_gpus} GPU(s) in one group do not hold both copies with these shares"
     )
     where = f"GPUs {list(group.gpus)}" if group.gpus else f"{gpus} GPU(s)"
     return (
