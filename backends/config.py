@@ -3,8 +3,9 @@
 Two engines share one schema: `sglang` runs the real servers on GPUs, `sim` runs `backends.sim`
 with a calibrated profile. Three topologies: `partitioned` (each server on its own GPUs),
 `colocated` (both on the same GPUs) and `groups` (K GPU sets, each running a co-located pair; the
-`eagle` and `plain` tables are then templates applied to every group). Both produce the same thing, a list of processes to supervise
-(see `backends.plan`), so the supervisor has one code path.
+`eagle` and `plain` tables are then templates applied to every group). Both engines produce the
+same thing, a list of processes to supervise (see `backends.plan`), so the supervisor has one
+code path.
 
 Values that would make SGLang or the simulator refuse to start are rejected here, with the key
 named; combinations that start but are probably not what was meant (overlapping GPUs, a TP size
@@ -159,7 +160,9 @@ class LaunchConfig(_Strict):
                 )
             return self
         if (self.groups is None) == (self.group_size is None):
-            raise ValueError('topology = "groups" needs launch.groups, or launch.group_size with launch.gpus (one of them)')
+            raise ValueError(
+                'topology = "groups" needs launch.groups, or launch.group_size with launch.gpus (one of them)'
+            )
         if self.groups is not None and self.gpus:
             raise ValueError("launch.gpus goes with launch.group_size; launch.groups lists the GPUs itself")
         if self.group_size is not None:
@@ -189,7 +192,9 @@ class LaunchConfig(_Strict):
             )
         missing = [k for k in ("gpu_memory_gb", "target_weights_gb") if not given[k]]
         if missing:
-            raise ValueError(f"launch.{missing[0]} is needed too: the memory check needs the GPU memory and the weights")
+            raise ValueError(
+                f"launch.{missing[0]} is needed too: the memory check needs the GPU memory and the weights"
+            )
         return self
 
     def group_gpus(self) -> list[tuple[int, ...]]:

@@ -76,7 +76,9 @@ def _placement(placement: SimServer | SimGroups) -> list[str]:
     if isinstance(placement, SimServer):
         return ["--role", placement.role, "--host", placement.host, "--port", str(placement.port)]
     if len(placement.eagle_ports) != len(placement.plain_ports) or not placement.eagle_ports:
-        raise ValueError(f"one EAGLE and one plain port per group, got {placement.eagle_ports} and {placement.plain_ports}")
+        raise ValueError(
+            f"one EAGLE and one plain port per group, got {placement.eagle_ports} and {placement.plain_ports}"
+        )
     out = ["--colocated", "--host", placement.host]
     out += [arg for port in placement.eagle_ports for arg in ("--eagle-port", str(port))]
     out += [arg for port in placement.plain_ports for arg in ("--plain-port", str(port))]

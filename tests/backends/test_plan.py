@@ -465,7 +465,9 @@ def test_colocated_is_the_one_group_case_and_partitioned_servers_are_groups_of_t
 
 
 def test_groups_warn_once_per_template_and_about_colliding_derived_ports() -> None:
-    config = groups_launch(groups=[[0], [1], [2]], eagle={"port": 30001, "max_running_requests": 1}, plain={"port": 30002})
+    config = groups_launch(
+        groups=[[0], [1], [2]], eagle={"port": 30001, "max_running_requests": 1}, plain={"port": 30002}
+    )
     warnings = warnings_of(config, eagle_cap=8)
     _one(warnings, "launch.eagle.max_running_requests = 1 is below")
     # g1-eagle is 30001 + 1, g0-plain is 30002: the bases are closer than the number of groups.
