@@ -85,6 +85,14 @@ class LaunchPlan:
     processes: tuple[ProcessSpec, ...]
     warnings: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        # Only an earlier process may be waited for, so no start order can wait on itself.
+        seen: set[str] = set()
+        for process in self.processes:
+            if process.start_after is not None and process.start_after not in seen:
+                raise ValueError(f"process {process.name} starts after {process.start_after!r}, not an earlier process")
+            seen.add(process.name)
+
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
         """Every endpoint of every process."""

@@ -6,6 +6,7 @@ import itertools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -446,6 +447,12 @@ def test_group_size_cuts_the_gpu_list_into_consecutive_groups() -> None:
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in one_each.processes] == [str(i // 2) for i in range(16)]
     assert {_flag(p.argv, "--tp-size") for p in one_each.processes} == {"1"}
     assert one_each.warnings == ()
+
+
+def test_a_plan_can_only_wait_for_an_earlier_process() -> None:
+    eagle, plain = build_plan(launch(topology="colocated"), eagle_cap=2).processes
+    with pytest.raises(ValueError, match="process eagle starts after 'plain', not an earlier process"):
+        LaunchPlan(processes=(replace(eagle, start_after="plain"), plain), warnings=())
 
 
 def test_groups_without_ports_get_free_ones_in_start_order() -> None:
