@@ -1,8 +1,11 @@
 """Configuration of the backends specgate starts itself (the `[launch]` table of the gateway config).
 
 Two engines share one schema: `sglang` runs the real servers on GPUs, `sim` runs `backends.sim`
-with a calibrated profile. Both produce the same thing, a list of processes to supervise
-(see `backends.plan`), so the supervisor has one code path.
+with a calibrated profile. Three topologies: `partitioned` (each server on its own GPUs),
+`colocated` (both on the same GPUs) and `groups` (K GPU sets, each running a co-located pair; the
+`eagle` and `plain` tables are then templates applied to every group). Both engines produce the
+same thing, a list of processes to supervise (see `backends.plan`), so the supervisor has one
+code path.
 
 Values that would make SGLang or the simulator refuse to start are rejected here, with the key
 named; combinations that start but are probably not what was meant (overlapping GPUs, a TP size
@@ -22,6 +25,14 @@ SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DF
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _check_gpu_ids(gpus: list[int]) -> list[int]:
+    if any(g < 0 for g in gpus):
+        raise ValueError(f"GPU ids are >= 0, got {gpus}")
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"GPU ids repeat: {gpus}")
+    return gpus
 
 
 class ServerLaunchConfig(_Strict):
@@ -48,18 +59,21 @@ class ServerLaunchConfig(_Strict):
     @field_validator("gpus")
     @classmethod
     def _distinct_gpu_ids(cls, gpus: list[int]) -> list[int]:
-        if any(g < 0 for g in gpus):
-            raise ValueError(f"GPU ids are >= 0, got {gpus}")
-        if len(set(gpus)) != len(gpus):
-            raise ValueError(f"GPU ids repeat: {gpus}")
-        return gpus
+        return _check_gpu_ids(gpus)
 
 
 class LaunchConfig(_Strict):
     """What `specgate serve` starts and supervises when no external backend URLs are given."""
 
     engine: Literal["sglang", "sim"] = "sim"
-    topology: Literal["partitioned", "colocated"] = "partitioned"
+    topology: Literal["partitioned", "colocated", "groups"] = "partitioned"
+
+    # topology = "groups": the GPU sets, given whole or as `gpus` cut into groups of `group_size`.
+    groups: list[list[int]] | None = Field(
+        default=None, description="GPU ids of each group, e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]"
+    )
+    group_size: int | None = Field(default=None, ge=1, description="cuts `gpus` into consecutive groups of this size")
+    gpus: list[int] = Field(default_factory=list, description="the GPUs `group_size` cuts into groups")
 
     # Real SGLang servers.
     model_path: str | None = None
@@ -73,6 +87,10 @@ class LaunchConfig(_Strict):
     backend_api_key: SecretStr | None = Field(
         default=None, description="--api-key given to the servers; used upstream, never shown to clients"
     )
+    # Optional sizes that let the plan check that a group holds both copies of the weights.
+    gpu_memory_gb: float | None = Field(default=None, gt=0.0, description="memory of each GPU, GB")
+    target_weights_gb: float | None = Field(default=None, gt=0.0, description="the served model's weights, whole, GB")
+    draft_weights_gb: float | None = Field(default=None, ge=0.0, description="the EAGLE-3 draft's weights, GB")
 
     # Simulated servers.
     profile: str = "field-8gpu"
@@ -106,6 +124,87 @@ class LaunchConfig(_Strict):
         if value is not None and ":" in value:
             raise ValueError(f"served_model_name may not contain ':' (SGLang reads it as a LoRA adapter): {value!r}")
         return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpu_ids(cls, gpus: list[int]) -> list[int]:
+        return _check_gpu_ids(gpus)
+
+    @field_validator("groups")
+    @classmethod
+    def _disjoint_groups(cls, groups: list[list[int]] | None) -> list[list[int]] | None:
+        if groups is None:
+            return None
+        if not groups:
+            raise ValueError("give at least one group of GPU ids")
+        owner: dict[int, int] = {}
+        for index, gpus in enumerate(groups):
+            if not gpus:
+                raise ValueError(f"group {index} has no GPUs")
+            _check_gpu_ids(gpus)
+            for gpu in gpus:
+                if gpu in owner:
+                    raise ValueError(f"GPU {gpu} is in group {owner[gpu]} and group {index}: groups may not overlap")
+                owner[gpu] = index
+        return groups
+
+    @model_validator(mode="after")
+    def _group_keys(self) -> LaunchConfig:
+        if self.topology != "groups":
+            for key in ("groups", "group_size"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f'launch.{key} applies only with topology = "groups"')
+            if self.gpus:
+                raise ValueError(
+                    'launch.gpus applies only with topology = "groups"; give launch.eagle.gpus / launch.plain.gpus'
+                )
+            return self
+        if (self.groups is None) == (self.group_size is None):
+            raise ValueError(
+                'topology = "groups" needs launch.groups, or launch.group_size with launch.gpus (one of them)'
+            )
+        if self.groups is not None and self.gpus:
+            raise ValueError("launch.gpus goes with launch.group_size; launch.groups lists the GPUs itself")
+        if self.group_size is not None:
+            if not self.gpus:
+                raise ValueError("launch.group_size needs launch.gpus, the GPUs to cut into groups")
+            if len(self.gpus) % self.group_size:
+                raise ValueError(
+                    f"launch.group_size = {self.group_size} does not divide the {len(self.gpus)} GPUs of launch.gpus"
+                )
+        for role in ("eagle", "plain"):
+            if getattr(self, role).gpus:
+                raise ValueError(
+                    f'launch.{role}.gpus: with topology = "groups" each group\'s GPUs come from launch.groups '
+                    "(or launch.gpus and launch.group_size)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _memory_keys(self) -> LaunchConfig:
+        given = {k: getattr(self, k) is not None for k in ("gpu_memory_gb", "target_weights_gb", "draft_weights_gb")}
+        if not any(given.values()):
+            return self
+        if self.engine == "sim":
+            raise ValueError(
+                "launch.gpu_memory_gb, target_weights_gb and draft_weights_gb apply to engine = \"sglang\"; "
+                "the simulator takes them from its profile"
+            )
+        missing = [k for k in ("gpu_memory_gb", "target_weights_gb") if not given[k]]
+        if missing:
+            raise ValueError(
+                f"launch.{missing[0]} is needed too: the memory check needs the GPU memory and the weights"
+            )
+        return self
+
+    def group_gpus(self) -> list[tuple[int, ...]]:
+        """topology = "groups": each group's GPU ids, in order (empty for the other topologies)."""
+        if self.groups is not None:
+            return [tuple(g) for g in self.groups]
+        if self.group_size is None:
+            return []
+        size = self.group_size
+        return [tuple(self.gpus[i : i + size]) for i in range(0, len(self.gpus), size)]
 
     @model_validator(mode="after")
     def _backoff_order(self) -> LaunchConfig:

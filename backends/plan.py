@@ -1,34 +1,39 @@
-"""The launch plan: which OS processes specgate starts for its two backends, exactly.
+"""The launch plan: which OS processes specgate starts for its backends, exactly.
 
-`build_plan` turns the `[launch]` table into processes (argv + environment) and the endpoints
-the gateway routes to, fills in the derived defaults, and collects warnings about setups that
-start but are probably wrong. Nothing here starts anything; `backends.supervisor` runs a plan and
-`specgate plan` prints one.
+`build_plan` turns the `[launch]` table into processes (argv + environment, and which process
+each waits for before it starts) and the endpoints the gateway routes to, group by group. It
+fills in the derived defaults, refuses groups whose memory cannot hold both servers (when the
+sizes are known), and collects warnings about setups that start but are probably wrong. Nothing
+here starts anything; `backends.supervisor` runs a plan and `specgate plan` prints one.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.config import LaunchConfig
 from backends.plan_checks import check_launch
+from backends.plan_memory import check_launch_memory
 from backends.resolve import (
     COLOCATED,
     EAGLE,
+    GROUPS,
     PLAIN,
     PlanError,
+    ResolvedGroup,
     ResolvedServer,
     free_loopback_port,
-    resolve_servers,
+    resolve_groups,
 )
-from backends.sglang_args import backend_api_key, metric_labels_json, sglang_argv, sglang_server_args
+from backends.sglang_args import backend_api_key, sglang_argv, sglang_server_args
+from backends.sim_argv import SimCommon, SimGroups, SimServer, sim_argv
 
 __all__ = [
     "COLOCATED",
     "EAGLE",
+    "GROUPS",
     "PLAIN",
     "Endpoint",
     "LaunchPlan",
@@ -65,114 +70,161 @@ class ProcessSpec:
     argv: tuple[str, ...]
     env: dict[str, str]  # only what is set on top of the inherited environment
     endpoints: tuple[Endpoint, ...]
+    # Start only once this process (by name) is ready: co-located SGLang servers size their memory
+    # from what is free on the GPUs when they start, so the two of a group must not load at once.
+    start_after: str | None = None
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """The processes to run, in start order, and what looked wrong while planning them."""
+    """The processes to run and what looked wrong while planning them.
+
+    Processes start in parallel except where one names another in `start_after`.
+    """
 
     processes: tuple[ProcessSpec, ...]
     warnings: tuple[str, ...]
-    # Start each process only once the previous one is ready: colocated SGLang servers size their
-    # memory from what is free on the GPU when they start, so they must not load at the same time.
-    sequential: bool = False
+
+    def __post_init__(self) -> None:
+        # Only an earlier process may be waited for, so no start order can wait on itself.
+        seen: set[str] = set()
+        for process in self.processes:
+            if process.start_after is not None and process.start_after not in seen:
+                raise ValueError(f"process {process.name} starts after {process.start_after!r}, not an earlier process")
+            seen.add(process.name)
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
         """Every endpoint of every process."""
         return tuple(e for p in self.processes for e in p.endpoints)
 
+    @property
+    def sequential(self) -> bool:
+        """Whether some process waits for another to be ready before it starts."""
+        return any(p.start_after is not None for p in self.processes)
+
 
 def build_plan(
     launch: LaunchConfig, *, eagle_cap: int, free_port: Callable[[], int] = free_loopback_port
 ) -> LaunchPlan:
     """The processes that run the `[launch]` table; `eagle_cap` is the policy's EAGLE limit."""
-    servers = resolve_servers(launch, eagle_cap=eagle_cap, free_port=free_port)
+    groups = resolve_groups(launch, eagle_cap=eagle_cap, free_port=free_port)
+    check_launch_memory(launch, groups)
+    servers = tuple(s for g in groups for s in g.servers)
     warnings = tuple(check_launch(launch, servers, eagle_cap=eagle_cap))
     if launch.engine == "sim":
-        return LaunchPlan(processes=_sim_processes(launch, servers), warnings=warnings)
-    processes = tuple(_sglang_process(launch, servers[role]) for role in (EAGLE, PLAIN))
-    return LaunchPlan(processes=processes, warnings=warnings, sequential=launch.topology == COLOCATED)
+        return LaunchPlan(processes=_sim_processes(launch, groups), warnings=warnings)
+    processes = tuple(p for g in groups for p in _sglang_group(launch, g))
+    return LaunchPlan(processes=processes, warnings=warnings)
 
 
-def _sglang_process(launch: LaunchConfig, server: ResolvedServer) -> ProcessSpec:
+def _sglang_group(launch: LaunchConfig, group: ResolvedGroup) -> list[ProcessSpec]:
+    """One process per server; in a co-located group each starts once the one before it is ready."""
+    processes: list[ProcessSpec] = []
+    for server in group.servers:
+        after = processes[-1].name if processes else None
+        processes.append(_sglang_process(launch, server, start_after=after))
+    return processes
+
+
+def _sglang_process(launch: LaunchConfig, server: ResolvedServer, *, start_after: str | None) -> ProcessSpec:
     args = sglang_server_args(launch, server)
     env = dict(server.env)
     if server.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in server.gpus)
     # SGLang's served name defaults to the model path; the gateway needs to know it either way.
     endpoint = Endpoint(
-        backend=server.role,
+        backend=server.name,
         url=server.url,
         speculative=args.speculative is not None,
         served_model_name=launch.served_model_name or launch.model_path,
-        group=_group_of(launch, server.role),
+        group=server.group,
     )
-    return ProcessSpec(name=server.role, argv=sglang_argv(launch.python, args), env=env, endpoints=(endpoint,))
+    return ProcessSpec(
+        name=server.name,
+        argv=sglang_argv(launch.python, args),
+        env=env,
+        endpoints=(endpoint,),
+        start_after=start_after,
+    )
 
 
-def _sim_processes(launch: LaunchConfig, servers: dict[str, ResolvedServer]) -> tuple[ProcessSpec, ...]:
-    eagle, plain = servers[EAGLE], servers[PLAIN]
-    endpoints = {
-        role: Endpoint(
-            backend=role,
-            url=s.url,
-            speculative=role == EAGLE,
-            served_model_name=launch.served_model_name,
-            group=_group_of(launch, role),
+def _sim_processes(launch: LaunchConfig, groups: tuple[ResolvedGroup, ...]) -> tuple[ProcessSpec, ...]:
+    common = SimCommon(
+        profile=launch.profile,
+        profile_file=launch.profile_file,
+        time_scale=launch.time_scale,
+        seed=launch.seed,
+        startup_delay=launch.startup_delay,
+        served_model_name=launch.served_model_name,
+        api_key=backend_api_key(launch),
+    )
+    if not any(g.colocated for g in groups):
+        return tuple(
+            ProcessSpec(
+                name=s.name,
+                argv=sim_argv(common, _sim_server(s), s.extra_args),
+                env=dict(s.env),
+                endpoints=(_sim_endpoint(launch, s),),
+            )
+            for g in groups
+            for s in g.servers
         )
-        for role, s in servers.items()
-    }
-    if launch.topology == COLOCATED:
-        placement: tuple[str, ...] = (
-            "--colocated",
-            "--host",
-            eagle.host,
-            "--eagle-port",
-            str(eagle.port),
-            "--plain-port",
-            str(plain.port),
+    # One process serves every group (CPU is what the simulator is short of, not GPUs).
+    eagles = [s for g in groups for s in g.servers if s.role == EAGLE]
+    plains = [s for g in groups for s in g.servers if s.role == PLAIN]
+    eagle, plain = eagles[0], plains[0]  # the templates' values, the same in every group
+    placement = SimGroups(
+        host=eagle.host,
+        eagle_ports=tuple(s.port for s in eagles),
+        plain_ports=tuple(s.port for s in plains),
+        eagle_mem_fraction=eagle.mem_share,
+        plain_mem_fraction=plain.mem_share,
+        gpus_per_group=_sim_group_size(groups),
+        eagle_max_running_requests=eagle.max_running_requests,
+        plain_max_running_requests=plain.max_running_requests,
+    )
+    return (
+        ProcessSpec(
+            name=launch.topology,
+            argv=sim_argv(common, placement, (*eagle.extra_args, *plain.extra_args)),
+            env={**eagle.env, **plain.env},
+            endpoints=tuple(_sim_endpoint(launch, s) for g in groups for s in g.servers),
+        ),
+    )
+
+
+def _sim_server(server: ResolvedServer) -> SimServer:
+    return SimServer(
+        role=server.role,
+        host=server.host,
+        port=server.port,
+        max_running_requests=server.max_running_requests,
+        metric_labels={"pool": server.role},
+    )
+
+
+def _sim_endpoint(launch: LaunchConfig, server: ResolvedServer) -> Endpoint:
+    return Endpoint(
+        backend=server.name,
+        url=server.url,
+        speculative=server.role == EAGLE,
+        served_model_name=launch.served_model_name,
+        group=server.group,
+    )
+
+
+def _sim_group_size(groups: tuple[ResolvedGroup, ...]) -> int | None:
+    """The simulator's `--gpus-per-group`: the groups' common size (None when no GPUs are listed)."""
+    sizes = {len(g.gpus) for g in groups}
+    if sizes == {0}:
+        return None
+    if len(sizes) > 1:
+        raise PlanError(
+            f"launch.groups: the simulator runs groups of one size, got sizes {sorted(sizes)}; "
+            "give every group as many GPUs"
         )
-        limits = tuple(
-            arg
-            for server in (eagle, plain)
-            if server.max_running_requests
-            for arg in (f"--{server.role}-max-running-requests", str(server.max_running_requests))
-        )
-        argv = (*_sim_argv(launch, placement), *limits, *eagle.extra_args, *plain.extra_args)
-        env = {**eagle.env, **plain.env}
-        return (ProcessSpec(name=COLOCATED, argv=argv, env=env, endpoints=(endpoints[EAGLE], endpoints[PLAIN])),)
-    processes = []
-    for server in (eagle, plain):
-        placement = ("--role", server.role, "--host", server.host, "--port", str(server.port))
-        limit = ("--max-running-requests", str(server.max_running_requests)) if server.max_running_requests else ()
-        labels = ("--extra-metric-labels", metric_labels_json({"pool": server.role}))
-        argv = (*_sim_argv(launch, placement), *limit, *labels, *server.extra_args)
-        processes.append(
-            ProcessSpec(name=server.role, argv=argv, env=dict(server.env), endpoints=(endpoints[server.role],))
-        )
-    return tuple(processes)
-
-
-def _group_of(launch: LaunchConfig, role: str) -> str:
-    """Co-located servers form one group ("g0"); a partitioned server is a group of its own."""
-    return "g0" if launch.topology == COLOCATED else role
-
-
-def _sim_argv(launch: LaunchConfig, placement: tuple[str, ...]) -> tuple[str, ...]:
-    argv: list[str] = [sys.executable, "-m", "backends.sim", *placement, "--profile", launch.profile]
-    if launch.profile_file is not None:
-        argv += ["--profile-file", str(launch.profile_file)]
-    argv += ["--time-scale", f"{launch.time_scale:g}", "--seed", str(launch.seed)]
-    if launch.startup_delay:
-        argv += ["--startup-delay", f"{launch.startup_delay:g}"]
-    if launch.served_model_name is not None:
-        argv += ["--served-model-name", launch.served_model_name]
-    api_key = backend_api_key(launch)
-    if api_key is not None:
-        argv += ["--api-key", api_key]
-    argv.append("--enable-metrics")
-    return tuple(argv)
+    return sizes.pop()
 
 
 def redact_argv(argv: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
 """Warnings about launch setups that start but are probably not what the operator meant.
 
-Each check is one small function over the config and the resolved servers, returning the
-warnings it found as sentences that name the config key to change.
+Each check is one small function over the config and the resolved servers (every server of every
+group), returning the warnings it found as sentences that name the config key to change. In
+topology "groups" the `eagle`/`plain` tables are templates, so a warning about a template is
+given once, not once per group.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from backends.config import LaunchConfig
-from backends.resolve import COLOCATED, EAGLE, PLAIN, ResolvedServer
+from backends.resolve import COLOCATED, EAGLE, GROUPS, PLAIN, ResolvedServer, shares_gpus
 from backends.sglang_args import (
     DEPRECATED_FLAGS,
     PARALLEL_FLAGS,
@@ -28,7 +30,7 @@ COLOCATED_MEM_WARN = 0.9
 _NEEDS_DRAFT = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 _EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
 
-Servers = dict[str, ResolvedServer]
+Servers = tuple[ResolvedServer, ...]
 
 
 def check_launch(launch: LaunchConfig, servers: Servers, *, eagle_cap: int) -> list[str]:
@@ -36,7 +38,20 @@ def check_launch(launch: LaunchConfig, servers: Servers, *, eagle_cap: int) -> l
     checks: list[Callable[[LaunchConfig, Servers, int], Iterator[str]]] = [_ports]
     if launch.engine == "sglang":
         checks = [_model, _speculative, _gpus, _parallel, _memory, _eagle_limits, _extra_args, *checks]
-    return [w for check in checks for w in check(launch, servers, eagle_cap)]
+    return list(dict.fromkeys(w for check in checks for w in check(launch, servers, eagle_cap)))
+
+
+def _by_role(servers: Servers) -> dict[str, ResolvedServer]:
+    """The first server of each role: the only one outside topology "groups", a template's values in it."""
+    out: dict[str, ResolvedServer] = {}
+    for server in servers:
+        out.setdefault(server.role, server)
+    return out
+
+
+def _key(server: ResolvedServer) -> str:
+    """How a warning names a server: its config table, and its group when there are several."""
+    return f"launch.{server.role}" if server.name == server.role else f"launch.{server.role} ({server.name})"
 
 
 def _model(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
@@ -56,7 +71,9 @@ def _speculative(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iter
 
 
 def _gpus(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
-    eagle, plain = servers[EAGLE].gpus, servers[PLAIN].gpus
+    if launch.topology == GROUPS:  # the config already refused overlapping or empty groups
+        return
+    eagle, plain = _by_role(servers)[EAGLE].gpus, _by_role(servers)[PLAIN].gpus
     if launch.topology == COLOCATED:
         if launch.eagle.gpus and launch.plain.gpus and set(launch.eagle.gpus) != set(launch.plain.gpus):
             yield (
@@ -72,7 +89,7 @@ def _gpus(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[st
             f"partitioned servers share GPUs {overlap} (eagle {list(eagle)}, plain {list(plain)}); "
             'give each its own GPUs or use topology = "colocated"'
         )
-    for server in servers.values():
+    for server in servers:
         if not server.gpus:
             yield (
                 f"launch.{server.role}.gpus is empty: in partitioned mode the {server.role} server "
@@ -81,7 +98,7 @@ def _gpus(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[st
 
 
 def _parallel(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
-    for server in servers.values():
+    for server in servers:
         if not server.gpus or server.tp_size is None:
             continue
         degrees = {name: int(flag_value(server.extra_args, flags) or 1) for name, flags in PARALLEL_FLAGS.items()}
@@ -89,22 +106,20 @@ def _parallel(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterato
         used = per_replica * degrees["dp"]
         count = len(server.gpus)
         if count % server.tp_size:
-            yield (
-                f"launch.{server.role}: tp_size {server.tp_size} does not divide its {count} GPUs {list(server.gpus)}"
-            )
+            yield f"{_key(server)}: tp_size {server.tp_size} does not divide its {count} GPUs {list(server.gpus)}"
         elif used > count:
-            yield f"launch.{server.role}: needs {used} GPUs (tp x pp x dp) but has {count} {list(server.gpus)}"
+            yield f"{_key(server)}: needs {used} GPUs (tp x pp x dp) but has {count} {list(server.gpus)}"
         elif used < count:
             yield (
-                f"launch.{server.role}: uses {used} of its {count} GPUs (tp_size {server.tp_size}); "
+                f"{_key(server)}: uses {used} of its {count} GPUs (tp_size {server.tp_size}); "
                 f"the other {count - used} stay idle unless you add --dp-size {count // per_replica} to extra_args"
             )
 
 
 def _memory(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
-    if launch.topology != COLOCATED:
+    if not shares_gpus(launch):
         return
-    eagle, plain = servers[EAGLE].mem_share or 0.0, servers[PLAIN].mem_share or 0.0
+    eagle, plain = _by_role(servers)[EAGLE].mem_share or 0.0, _by_role(servers)[PLAIN].mem_share or 0.0
     if eagle + plain > COLOCATED_MEM_WARN:
         yield (
             f"colocated mem_fraction_static shares add up to {eagle + plain:.2f} "
@@ -114,13 +129,13 @@ def _memory(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[
 
 
 def _eagle_limits(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
-    eagle = servers[EAGLE]
+    eagle = _by_role(servers)[EAGLE]
     if eagle.max_running_requests is not None and eagle.max_running_requests < eagle_cap:
         yield (
             f"launch.eagle.max_running_requests = {eagle.max_running_requests} is below the routing "
             f"policy's EAGLE cap {eagle_cap}: the excess requests queue inside SGLang"
         )
-    for server in servers.values():
+    for server in servers:
         limit, graph = server.max_running_requests, server.cuda_graph_max_bs_decode
         if limit is not None and graph is not None and graph < limit:
             yield (
@@ -130,7 +145,7 @@ def _eagle_limits(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Ite
 
 
 def _extra_args(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
-    for server in servers.values():
+    for server in servers:
         planned = replace(sglang_server_args(launch, server), extra_args=())
         own = set(flags_in(sglang_argv(launch.python, planned)))
         for flag in flags_in(server.extra_args):
@@ -142,8 +157,20 @@ def _extra_args(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Itera
 
 
 def _ports(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
-    eagle, plain = servers[EAGLE], servers[PLAIN]
-    if eagle.url == plain.url:
-        yield f"launch.eagle and launch.plain both use {eagle.url}: give them different ports"
-    if launch.engine == "sim" and launch.topology == COLOCATED and eagle.host != plain.host:
+    users: dict[str, list[ResolvedServer]] = {}
+    for server in servers:
+        users.setdefault(server.url, []).append(server)
+    for url, same in users.items():
+        if len(same) < 2:
+            continue
+        names = " and ".join(_key(s) for s in same)
+        hint = (
+            "; in topology \"groups\" group i uses launch.eagle.port + i and launch.plain.port + i, so keep "
+            "the two bases at least the number of groups apart"
+            if launch.topology == GROUPS
+            else ""
+        )
+        yield f"{names} {'both' if len(same) == 2 else 'all'} use {url}: give them different ports{hint}"
+    eagle, plain = _by_role(servers)[EAGLE], _by_role(servers)[PLAIN]
+    if launch.engine == "sim" and shares_gpus(launch) and eagle.host != plain.host:
         yield (f"the colocated simulator is one process on one host: it serves both on {eagle.host}, not {plain.host}")

@@ -1,8 +1,9 @@
-"""Both servers' launch settings with every derived default filled in.
+"""Every group's servers with their launch settings and every derived default filled in.
 
-The `[launch]` table leaves most values unset; this module decides them (TP size from the GPU
-list, free ports, the EAGLE server's limits from the routing policy's cap, the colocated memory
-split), so the plan, its warnings and `specgate plan` all see the same numbers.
+The `[launch]` table leaves most values unset; this module decides them (the GPU groups and
+their names, TP size from the GPU list, ports, the EAGLE server's limits from the routing
+policy's cap, the co-located memory split), so the plan, its warnings and `specgate plan` all see
+the same numbers.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 
 from backends.config import LaunchConfig
 from backends.process import free_loopback_port
-from backends.sim.profiles import ProfileError, load_profile
+from backends.sim.profiles import Profile, ProfileError, load_profile
 
 EAGLE = "eagle"
 PLAIN = "plain"
 COLOCATED = "colocated"
+GROUPS = "groups"
 
 # Colocated servers' default shares of each GPU's memory. Each holds a full copy of the weights
 # plus its KV cache, and each needs its own activation and CUDA-graph headroom (SGLang reserves
@@ -51,13 +53,15 @@ def eagle_running_limit(eagle_cap: int) -> int:
 class ResolvedServer:
     """One backend's launch settings with every derived default filled in."""
 
-    role: str
+    role: str  # EAGLE or PLAIN: which template it came from
+    name: str  # the backend's name: "eagle"/"plain", or "g0-eagle", "g0-plain", ... for topology = "groups"
+    group: str  # the GPU group it runs in ("g0", ...; a partitioned server is a group of its own)
     gpus: tuple[int, ...]
     tp_size: int | None
     host: str
     port: int
     mem_fraction_static: float | None  # the value SGLang gets
-    mem_share: float | None  # colocated: this server's share of the whole GPU
+    mem_share: float | None  # colocated and groups: this server's share of the whole GPU
     max_running_requests: int | None
     cuda_graph_max_bs_decode: int | None
     extra_args: tuple[str, ...]
@@ -69,50 +73,112 @@ class ResolvedServer:
         return f"http://{_connect_host(self.host)}:{self.port}"
 
 
+@dataclass(frozen=True)
+class ResolvedGroup:
+    """A set of GPUs and the servers that share them (EAGLE first)."""
+
+    name: str
+    gpus: tuple[int, ...]
+    servers: tuple[ResolvedServer, ...]
+
+    @property
+    def colocated(self) -> bool:
+        """Whether an EAGLE and a plain server share this group's GPUs."""
+        return len(self.servers) > 1
+
+
+def shares_gpus(launch: LaunchConfig) -> bool:
+    """Whether the topology co-locates an EAGLE and a plain server on each group's GPUs."""
+    return launch.topology in (COLOCATED, GROUPS)
+
+
+def resolve_groups(
+    launch: LaunchConfig, *, eagle_cap: int, free_port: Callable[[], int] = free_loopback_port
+) -> tuple[ResolvedGroup, ...]:
+    """Every group and its servers with derived defaults (TP size, ports, EAGLE limits, memory split)."""
+    running_limit = eagle_running_limit(eagle_cap)
+    shares: dict[str, float | None] = _colocated_shares(launch) if shares_gpus(launch) else {EAGLE: None, PLAIN: None}
+    fractions = _sglang_fractions(launch, shares)
+    sim_cap = _sim_eagle_cap(launch, eagle_cap)
+    groups = []
+    for index, (group, gpus, roles) in enumerate(_group_layout(launch)):
+        servers = []
+        for role in roles:
+            cfg = launch.eagle if role == EAGLE else launch.plain
+            own_gpus = tuple(cfg.gpus) or gpus  # a colocated server may name its own (the plan warns)
+            max_running = cfg.max_running_requests
+            graph_bs = cfg.cuda_graph_max_bs_decode
+            if role == EAGLE and launch.engine == "sglang":
+                max_running = max_running or running_limit
+                graph_bs = graph_bs or max_running
+            elif role == EAGLE and max_running is None:
+                max_running = sim_cap
+            servers.append(
+                ResolvedServer(
+                    role=role,
+                    name=f"{group}-{role}" if launch.topology == GROUPS else role,
+                    group=group,
+                    gpus=own_gpus,
+                    tp_size=cfg.tp_size or (len(own_gpus) or None),
+                    host=cfg.host,
+                    port=_port(launch, role, index if launch.topology == GROUPS else 0, free_port),
+                    mem_fraction_static=fractions[role],
+                    mem_share=shares[role],
+                    max_running_requests=max_running,
+                    cuda_graph_max_bs_decode=graph_bs,
+                    extra_args=tuple(cfg.extra_args),
+                    env=dict(cfg.env),
+                )
+            )
+        groups.append(ResolvedGroup(name=group, gpus=gpus, servers=tuple(servers)))
+    return tuple(groups)
+
+
 def resolve_servers(
     launch: LaunchConfig, *, eagle_cap: int, free_port: Callable[[], int] = free_loopback_port
-) -> dict[str, ResolvedServer]:
-    """Both servers' settings with derived defaults (TP size, ports, EAGLE limits, memory split)."""
-    running_limit = eagle_running_limit(eagle_cap)
-    colocated = launch.topology == COLOCATED
-    shared_gpus = tuple(launch.eagle.gpus or launch.plain.gpus)
-    shares: dict[str, float | None] = _colocated_shares(launch) if colocated else {EAGLE: None, PLAIN: None}
-    fractions = _sglang_fractions(launch, shares)
-    servers: dict[str, ResolvedServer] = {}
-    for role, cfg in ((EAGLE, launch.eagle), (PLAIN, launch.plain)):
-        gpus = tuple(cfg.gpus) if cfg.gpus or not colocated else shared_gpus
-        max_running = cfg.max_running_requests
-        graph_bs = cfg.cuda_graph_max_bs_decode
-        if role == EAGLE and launch.engine == "sglang":
-            max_running = max_running or running_limit
-            graph_bs = graph_bs or max_running
-        elif role == EAGLE and max_running is None:
-            # The simulator's calibrated profile holds the capacity it models, but it must still
-            # run every request the policy sends it: a capped server would queue them, and its
-            # TPOT (from the first token) would hide that wait from the policy and the load test.
-            max_running = max(_profile_cap(launch), eagle_cap)
-        servers[role] = ResolvedServer(
-            role=role,
-            gpus=gpus,
-            tp_size=cfg.tp_size or (len(gpus) or None),
-            host=cfg.host,
-            port=cfg.port or free_port(),
-            mem_fraction_static=fractions[role],
-            mem_share=shares[role],
-            max_running_requests=max_running,
-            cuda_graph_max_bs_decode=graph_bs,
-            extra_args=tuple(cfg.extra_args),
-            env=dict(cfg.env),
-        )
-    return servers
+) -> tuple[ResolvedServer, ...]:
+    """Every server of every group, in start order (a group's EAGLE server before its plain one)."""
+    groups = resolve_groups(launch, eagle_cap=eagle_cap, free_port=free_port)
+    return tuple(s for g in groups for s in g.servers)
 
 
-def _profile_cap(launch: LaunchConfig) -> int:
+def load_launch_profile(launch: LaunchConfig) -> Profile:
+    """The simulator profile `[launch]` names; a bad one is a PlanError."""
     try:
-        profile = load_profile(launch.profile, launch.profile_file)
+        return load_profile(launch.profile, launch.profile_file)
     except ProfileError as exc:
         raise PlanError(f"launch.profile: {exc}") from exc
-    return profile.eagle.max_running_requests
+
+
+def _sim_eagle_cap(launch: LaunchConfig, eagle_cap: int) -> int | None:
+    """A simulated EAGLE server's default cap: its profile's, but at least the policy's.
+
+    The simulator's calibrated profile holds the capacity it models, but it must still run every
+    request the policy sends it: a capped server would queue them, and its TPOT (from the first
+    token) would hide that wait from the policy and the load test.
+    """
+    if launch.engine != "sim" or launch.eagle.max_running_requests is not None:
+        return None
+    return max(load_launch_profile(launch).eagle.max_running_requests, eagle_cap)
+
+
+def _group_layout(launch: LaunchConfig) -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
+    """(group name, its GPUs, the roles it runs) for each group of the topology."""
+    if launch.topology == GROUPS:
+        return [(f"g{i}", gpus, (EAGLE, PLAIN)) for i, gpus in enumerate(launch.group_gpus())]
+    if launch.topology == COLOCATED:
+        return [("g0", tuple(launch.eagle.gpus or launch.plain.gpus), (EAGLE, PLAIN))]
+    return [(EAGLE, tuple(launch.eagle.gpus), (EAGLE,)), (PLAIN, tuple(launch.plain.gpus), (PLAIN,))]
+
+
+def _port(launch: LaunchConfig, role: str, index: int, free_port: Callable[[], int]) -> int:
+    """The set port plus the group's index (0 outside topology "groups"), else a free one."""
+    base = (launch.eagle if role == EAGLE else launch.plain).port
+    if base is None:
+        return free_port()
+    if base + index > 65535:
+        raise PlanError(f"launch.{role}.port = {base} plus group index {index} is above 65535; lower it")
+    return base + index
 
 
 def _colocated_shares(launch: LaunchConfig) -> dict[str, float | None]:

@@ -142,10 +142,19 @@ def sglang_server_args(launch: LaunchConfig, server: ResolvedServer) -> SGLangSe
         max_running_requests=server.max_running_requests,
         cuda_graph_max_bs_decode=server.cuda_graph_max_bs_decode,
         api_key=backend_api_key(launch),
-        metric_labels={"pool": server.role},
+        metric_labels=server_metric_labels(server),
         speculative=spec,
         extra_args=server.extra_args,
     )
+
+
+def server_metric_labels(server: ResolvedServer) -> dict[str, str]:
+    """`--extra-metric-labels` of one server: every server reports the same `model_name`, so `pool`
+    (its role) tells the EAGLE and plain series apart, and `group` the groups' when there are several."""
+    labels = {"pool": server.role}
+    if server.name != server.role:
+        labels["group"] = server.group
+    return labels
 
 
 def backend_api_key(launch: LaunchConfig) -> str | None:

@@ -85,13 +85,10 @@ class Supervisor:
         self._session = aiohttp.ClientSession()
         try:
             with self._display() as display:
-                if self._plan.sequential:
+                ready = {child.name: asyncio.Event() for child in self._children}
+                async with asyncio.TaskGroup() as group:
                     for child in self._children:
-                        await self._start_one(child, display)
-                else:
-                    async with asyncio.TaskGroup() as group:
-                        for child in self._children:
-                            group.create_task(self._start_one(child, display))
+                        group.create_task(self._start_after(child, ready, display))
         except BaseException as exc:
             await self.stop()
             if isinstance(exc, BaseExceptionGroup):
@@ -116,6 +113,15 @@ class Supervisor:
         if not self._progress:
             return contextlib.nullcontext()
         return StartupDisplay([e.backend for e in self._plan.endpoints])
+
+    async def _start_after(
+        self, child: Child, ready: dict[str, asyncio.Event], display: StartupDisplay | None
+    ) -> None:
+        """Start `child` once the process it waits for (`start_after`) is ready; then mark it ready."""
+        if child.spec.start_after is not None:
+            await ready[child.spec.start_after].wait()
+        await self._start_one(child, display)
+        ready[child.name].set()
 
     async def _start_one(self, child: Child, display: StartupDisplay | None) -> None:
         spec = self._specs[child.name]

@@ -6,6 +6,7 @@ import itertools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,11 +60,12 @@ def warnings_of(config: LaunchConfig, eagle_cap: int = 2) -> tuple[str, ...]:
 # --- the example configs ---------------------------------------------------------------------
 
 
-def test_example_configs_are_the_three_promised() -> None:
+def test_example_configs_are_the_four_promised() -> None:
     assert sorted(p.name for p in CONFIGS.glob("*.toml")) == [
         "b200x8-colocated.toml",
         "b200x8-partitioned.toml",
         "h100-dev-colocated.toml",
+        "h100x8-groups.toml",
     ]
 
 
@@ -390,6 +392,237 @@ def test_sim_warnings() -> None:
 def test_negative_eagle_cap_is_an_error() -> None:
     with pytest.raises(PlanError):
         build_plan(launch(), eagle_cap=-1)
+
+
+# --- groups -----------------------------------------------------------------------------------
+
+
+def groups_launch(**values: object) -> LaunchConfig:
+    base: dict[str, object] = {
+        "engine": "sglang",
+        "topology": "groups",
+        "model_path": "/m",
+        "draft_model_path": "/d",
+        "eagle": {"port": 30000},
+        "plain": {"port": 30100},
+    }
+    return LaunchConfig.model_validate({**base, **values})
+
+
+def test_groups_from_gpu_sets_name_place_and_order_every_server() -> None:
+    plan = build_plan(groups_launch(groups=[[0, 1, 2, 3], [4, 5, 6, 7]]), eagle_cap=16)
+    assert plan.warnings == ()
+    assert [p.name for p in plan.processes] == ["g0-eagle", "g0-plain", "g1-eagle", "g1-plain"]
+    assert [(e.backend, e.group, e.url, e.speculative) for e in plan.endpoints] == [
+        ("g0-eagle", "g0", "http://127.0.0.1:30000", True),
+        ("g0-plain", "g0", "http://127.0.0.1:30100", False),
+        ("g1-eagle", "g1", "http://127.0.0.1:30001", True),
+        ("g1-plain", "g1", "http://127.0.0.1:30101", False),
+    ]
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plan.processes] == ["0,1,2,3", "0,1,2,3", "4,5,6,7", "4,5,6,7"]
+    assert {_flag(p.argv, "--tp-size") for p in plan.processes} == {"4"}
+    # Groups start in parallel; inside a group the plain server waits for the EAGLE one.
+    assert [p.start_after for p in plan.processes] == [None, "g0-eagle", None, "g1-eagle"]
+    assert plan.sequential is True
+    g1_eagle, g1_plain = plan.processes[2:]
+    # The templates' memory split and the EAGLE limits from the policy cap, in every group.
+    assert _flag(g1_eagle.argv, "--mem-fraction-static") == "0.3"
+    assert _flag(g1_plain.argv, "--mem-fraction-static") == "0.714"  # 0.5 / (1 - 0.3)
+    assert _flag(g1_eagle.argv, "--max-running-requests") == "20"
+    assert "--speculative-algorithm" not in g1_plain.argv
+    assert _flag(g1_eagle.argv, "--extra-metric-labels") == '{"pool":"eagle","group":"g1"}'
+
+
+def test_group_size_cuts_the_gpu_list_into_consecutive_groups() -> None:
+    plan = build_plan(groups_launch(gpus=[2, 3, 4, 5, 6, 7], group_size=2), eagle_cap=2)
+    assert [(e.backend, e.group) for e in plan.endpoints][::2] == [
+        ("g0-eagle", "g0"),
+        ("g1-eagle", "g1"),
+        ("g2-eagle", "g2"),
+    ]
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plan.processes][::2] == ["2,3", "4,5", "6,7"]
+    one_each = build_plan(groups_launch(gpus=list(range(8)), group_size=1), eagle_cap=2)
+    assert len(one_each.processes) == 16
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in one_each.processes] == [str(i // 2) for i in range(16)]
+    assert {_flag(p.argv, "--tp-size") for p in one_each.processes} == {"1"}
+    assert one_each.warnings == ()
+
+
+def test_a_plan_can_only_wait_for_an_earlier_process() -> None:
+    eagle, plain = build_plan(launch(topology="colocated"), eagle_cap=2).processes
+    with pytest.raises(ValueError, match="process eagle starts after 'plain', not an earlier process"):
+        LaunchPlan(processes=(replace(eagle, start_after="plain"), plain), warnings=())
+
+
+def test_groups_without_ports_get_free_ones_in_start_order() -> None:
+    config = groups_launch(groups=[[0], [1]], eagle={}, plain={})
+    plan = build_plan(config, eagle_cap=2, free_port=ports(50000))
+    assert [e.url.rsplit(":", 1)[1] for e in plan.endpoints] == ["50000", "50001", "50002", "50003"]
+
+
+def test_colocated_is_the_one_group_case_and_partitioned_servers_are_groups_of_their_own() -> None:
+    colocated = build_plan(launch(topology="colocated"), eagle_cap=2)
+    assert [(e.backend, e.group) for e in colocated.endpoints] == [("eagle", "g0"), ("plain", "g0")]
+    assert [p.start_after for p in colocated.processes] == [None, "eagle"]
+    assert _flag(colocated.processes[0].argv, "--extra-metric-labels") == '{"pool":"eagle"}'
+    partitioned = build_plan(launch(), eagle_cap=2)
+    assert [(e.backend, e.group) for e in partitioned.endpoints] == [("eagle", "eagle"), ("plain", "plain")]
+    assert [p.start_after for p in partitioned.processes] == [None, None] and partitioned.sequential is False
+
+
+def test_groups_warn_once_per_template_and_about_colliding_derived_ports() -> None:
+    config = groups_launch(
+        groups=[[0], [1], [2]], eagle={"port": 30001, "max_running_requests": 1}, plain={"port": 30002}
+    )
+    warnings = warnings_of(config, eagle_cap=8)
+    _one(warnings, "launch.eagle.max_running_requests = 1 is below")
+    # g1-eagle is 30001 + 1, g0-plain is 30002: the bases are closer than the number of groups.
+    assert "launch.plain (g0-plain) and launch.eagle (g1-eagle) both use" in _one(warnings, "127.0.0.1:30002")
+    _one(warnings, "127.0.0.1:30003", "at least the number of groups apart")
+
+
+def test_groups_tp_warning_names_the_group() -> None:
+    config = groups_launch(groups=[[0, 1, 2], [3, 4, 5]], eagle={"port": 30000, "tp_size": 2})
+    _one(warnings_of(config), "launch.eagle (g1-eagle): tp_size 2 does not divide its 3 GPUs [3, 4, 5]")
+
+
+def test_a_derived_port_above_65535_is_an_error() -> None:
+    with pytest.raises(PlanError, match="launch.plain.port = 65535 plus group index 1"):
+        build_plan(groups_launch(groups=[[0], [1]], plain={"port": 65535}), eagle_cap=2)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"groups": [[0, 1, 2, 3], [3, 4, 5, 6]]}, r"groups\n.*GPU 3 is in group 0 and group 1"),
+        ({"groups": [[0], []]}, r"groups\n.*group 1 has no GPUs"),
+        ({"groups": []}, r"groups\n.*at least one group"),
+        ({"groups": [[0, 0]]}, r"groups\n.*GPU ids repeat"),
+        ({"gpus": [0, 1, 2, 3, 4, 5], "group_size": 4}, "launch.group_size = 4 does not divide the 6 GPUs"),
+        ({"group_size": 2}, "launch.group_size needs launch.gpus"),
+        ({}, "needs launch.groups, or launch.group_size"),
+        ({"groups": [[0]], "gpus": [0], "group_size": 1}, "needs launch.groups, or launch.group_size"),
+        ({"groups": [[0]], "gpus": [1]}, "launch.gpus goes with launch.group_size"),
+        ({"groups": [[0]], "eagle": {"gpus": [0]}}, "launch.eagle.gpus: with topology"),
+        ({"topology": "colocated", "groups": [[0]]}, 'launch.groups applies only with topology = "groups"'),
+        ({"topology": "partitioned", "gpus": [0, 1]}, 'launch.gpus applies only with topology = "groups"'),
+        ({"groups": [[0]], "gpu_memory_gb": 80}, "launch.target_weights_gb is needed too"),
+        ({"groups": [[0]], "draft_weights_gb": 1}, "launch.gpu_memory_gb is needed too"),
+        ({"engine": "sim", "groups": [[0]], "gpu_memory_gb": 80}, "the simulator takes them from its profile"),
+    ],
+)
+def test_bad_groups_are_rejected_with_the_key_named(values: dict[str, object], message: str) -> None:
+    base: dict[str, object] = {"engine": "sglang", "topology": "groups"}
+    with pytest.raises(ValidationError, match=message):
+        LaunchConfig.model_validate({**base, **values})
+
+
+def test_memory_check_refuses_a_group_too_small_for_two_copies_and_says_what_fits() -> None:
+    # Llama-3.3-70B in bf16 on H100s: EAGLE's 0.3 of 4 x 80 GB is 96 GB, below 141 + 3 GB.
+    sizes = {"gpu_memory_gb": 80, "target_weights_gb": 141, "draft_weights_gb": 3}
+    config = groups_launch(gpus=list(range(8)), group_size=4, **sizes)
+    with pytest.raises(PlanError) as caught:
+        build_plan(config, eagle_cap=2)
+    message = str(caught.value)
+    assert "group g0 (GPUs [0, 1, 2, 3]) cannot hold both servers: the eagle server's" in message
+    assert "96.0 GB, not more than its weights 141 + 3 GB (target + draft)" in message
+    # 144 GB / (0.3 x 80 GB) = 6 GPUs at least, so equal groups of 8: one group.
+    assert "needs at least 7 GPUs" in message and "hold 1 group(s) of 8 (launch.group_size = 8)" in message
+    assert build_plan(groups_launch(gpus=list(range(8)), group_size=8, **sizes), eagle_cap=2).warnings == ()
+
+
+def test_memory_check_names_the_plain_server_and_an_impossible_node() -> None:
+    sizes = {"gpu_memory_gb": 80, "target_weights_gb": 30}
+    config = groups_launch(groups=[[0]], eagle={"port": 30000, "mem_fraction_static": 0.5},
+                           plain={"port": 30100, "mem_fraction_static": 0.3}, **sizes)  # fmt: skip
+    with pytest.raises(PlanError, match="the plain server.s .* 24.0 GB, not more than its weights 30 GB; even all 1"):
+        build_plan(config, eagle_cap=2)
+
+
+def test_memory_check_passes_what_fits_and_is_silent_without_sizes() -> None:
+    eight_b = {"gpu_memory_gb": 80, "target_weights_gb": 16.1, "draft_weights_gb": 2}
+    assert build_plan(groups_launch(gpus=list(range(8)), group_size=1, **eight_b), eagle_cap=2).warnings == ()
+    # The same 70B layout without sizes cannot be checked, so it is planned as written.
+    assert len(build_plan(groups_launch(gpus=list(range(8)), group_size=4), eagle_cap=2).processes) == 4
+    # Colocated is checked the same way; partitioned servers hold one copy each and are not.
+    big = {"gpu_memory_gb": 80, "target_weights_gb": 141}
+    with pytest.raises(PlanError, match="group g0 \\(GPUs \\[0, 1, 2, 3\\]\\)"):
+        build_plan(launch(topology="colocated", **big), eagle_cap=2)
+    assert build_plan(launch(**big), eagle_cap=2).warnings == ()
+
+
+def test_sim_serves_every_group_from_one_process() -> None:
+    config = LaunchConfig(topology="groups", groups=[[0, 1, 2, 3], [4, 5, 6, 7]], time_scale=0.5)
+    plan = build_plan(config, eagle_cap=2, free_port=ports(44000))
+    (process,) = plan.processes
+    assert process.name == "groups" and process.start_after is None
+    assert process.argv[:20] == (
+        sys.executable, "-m", "backends.sim", "--colocated", "--host", "127.0.0.1",
+        "--eagle-port", "44000", "--eagle-port", "44002", "--plain-port", "44001", "--plain-port", "44003",
+        "--eagle-mem-fraction", "0.3", "--plain-mem-fraction", "0.5", "--gpus-per-group", "4",
+    )  # fmt: skip
+    assert _flag(process.argv, "--time-scale") == "0.5" and "--enable-metrics" in process.argv
+    assert _flag(process.argv, "--eagle-max-running-requests") == "48"
+    assert [(e.backend, e.group, e.url) for e in process.endpoints] == [
+        ("g0-eagle", "g0", "http://127.0.0.1:44000"),
+        ("g0-plain", "g0", "http://127.0.0.1:44001"),
+        ("g1-eagle", "g1", "http://127.0.0.1:44002"),
+        ("g1-plain", "g1", "http://127.0.0.1:44003"),
+    ]
+
+
+def test_sim_colocated_passes_the_memory_split_and_groups_must_be_equal() -> None:
+    config = LaunchConfig.model_validate({"topology": "colocated", "eagle": {"mem_fraction_static": 0.25}})
+    (process,) = build_plan(config, eagle_cap=2, free_port=ports()).processes
+    assert _flag(process.argv, "--eagle-mem-fraction") == "0.25"
+    assert _flag(process.argv, "--plain-mem-fraction") == "0.5"
+    assert "--gpus-per-group" not in process.argv  # no GPUs listed: the profile's count
+    with pytest.raises(PlanError, match="launch.groups: the simulator runs groups of one size, got sizes \\[1, 2\\]"):
+        build_plan(LaunchConfig(topology="groups", groups=[[0], [1, 2]]), eagle_cap=2, free_port=ports())
+
+
+def test_sim_memory_check_uses_the_profile(tmp_path: Path) -> None:
+    """Needs the profile's memory fields (gpu_memory_gb, target_weights_gb, draft_weights_gb)."""
+    profile = tmp_path / "p.toml"
+    profile.write_text("gpu_memory_gb = 80.0\ntarget_weights_gb = 100.0\ndraft_weights_gb = 2.0\n")
+    too_small = LaunchConfig(topology="groups", gpus=list(range(8)), group_size=2, profile_file=profile)
+    with pytest.raises(PlanError, match="group g0 \\(GPUs \\[0, 1\\]\\) cannot hold both servers.*hold 1 group"):
+        build_plan(too_small, eagle_cap=2, free_port=ports())
+    fits = LaunchConfig(topology="groups", gpus=list(range(8)), group_size=8, profile_file=profile)
+    assert len(build_plan(fits, eagle_cap=2, free_port=ports()).endpoints) == 2
+    # A colocated group that lists no GPUs runs on the profile's (field-8gpu: 8).
+    assert len(build_plan(LaunchConfig(topology="colocated", profile_file=profile), eagle_cap=2).endpoints) == 2
+    with pytest.raises(PlanError, match="group g0 \\(1 GPU\\(s\\)\\)"):
+        build_plan(LaunchConfig(topology="colocated", profile="llama8b-h100", profile_file=profile), eagle_cap=2)
+
+
+def test_the_envelope_can_build_its_adaptive_server_with_the_one_builder(tmp_path: Path) -> None:
+    from backends.sim_argv import SimCommon, SimServer, sim_argv
+    from loadtest.envelope import StackSettings, adaptive_argv
+
+    stack = StackSettings(profile="llama8b-h100", profile_file=tmp_path / "p.toml", topology="colocated",
+                          policy="adaptive", time_scale=0.3, seed=4)  # fmt: skip
+    common = SimCommon(profile=stack.profile, profile_file=stack.profile_file, time_scale=0.3, seed=4)
+    assert sim_argv(common, SimServer(role="adaptive", host="127.0.0.1", port=45000)) == tuple(
+        adaptive_argv(stack, 45000)
+    )
+
+
+def test_plan_strict_fails_on_a_groups_warning_and_prints_every_server(tmp_path: Path) -> None:
+    config = tmp_path / "groups.toml"
+    config.write_text(
+        '[launch]\nengine = "sglang"\ntopology = "groups"\nmodel_path = "/m"\ndraft_model_path = "/d"\n'
+        "gpus = [0, 1, 2, 3]\ngroup_size = 1\n[launch.eagle]\nport = 30000\n[launch.plain]\nport = 30002\n"
+    )
+    code, output = run_plan("--config", str(config), "--strict")
+    assert code == 1
+    assert "topology groups" in output and "8 process(es)" in output
+    for group in range(4):
+        assert f"CUDA_VISIBLE_DEVICES={group} python3 -m sglang.launch_server" in output
+    assert "launch.plain (g0-plain) and launch.eagle (g2-eagle) both use http://127.0.0.1:30002" in output
+    doc = json.loads(run_plan("--config", str(config), "--json")[1])
+    assert [e["backend"] for p in doc["processes"] for e in p["endpoints"]][:3] == ["g0-eagle", "g0-plain", "g1-eagle"]
+    assert run_plan("--config", str(CONFIGS / "h100x8-groups.toml"), "--strict")[0] == 0
 
 
 # --- config validation ------------------------------------------------------------------------

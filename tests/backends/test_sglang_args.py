@@ -75,9 +75,23 @@ def parsed(sglang_python: str) -> dict[str, Any]:
     return {"options": set(out["option_strings"]), "results": dict(zip(names, out["results"], strict=True))}
 
 
-def test_the_examples_cover_both_topologies_and_all_processes() -> None:
-    assert len(NAMES) == 6
-    assert {n.split(":")[1] for n in NAMES} == {"eagle", "plain"}
+def _role(name: str) -> str:
+    """"config:g3-eagle" -> "eagle" (a process is named after its backend)."""
+    return name.split(":")[1].rsplit("-", 1)[-1]
+
+
+def _group(name: str) -> str | None:
+    """"config:g3-eagle" -> "g3"; None outside topology "groups"."""
+    process = name.split(":")[1]
+    return process.split("-")[0] if "-" in process else None
+
+
+def test_the_examples_cover_every_topology_and_all_processes() -> None:
+    assert {_role(n) for n in NAMES} == {"eagle", "plain"}
+    # Two each for the colocated and partitioned examples, 2K (K = 8) for the groups one.
+    groups = [n for n in NAMES if n.startswith("h100x8-groups:")]
+    assert len(NAMES) == 6 + 16
+    assert groups == [f"h100x8-groups:g{i}-{role}" for i in range(8) for role in ("eagle", "plain")]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -88,8 +102,9 @@ def test_sglang_accepts_the_generated_argv(parsed: dict[str, Any], name: str) ->
     argv = PLANS[name]
     assert values["port"] == int(argv[argv.index("--port") + 1])
     assert values["enable_metrics"] is True
-    role = name.split(":")[1]
-    assert values["extra_metric_labels"] == {"pool": role}
+    assert values["tp_size"] == int(argv[argv.index("--tp-size") + 1])
+    role, group = _role(name), _group(name)
+    assert values["extra_metric_labels"] == ({"pool": role} if group is None else {"pool": role, "group": group})
     if role == "eagle":
         assert values["speculative_algorithm"] == "EAGLE3"
         assert values["max_running_requests"] == int(argv[argv.index("--max-running-requests") + 1])

@@ -38,6 +38,20 @@ def sim_plan(**values: object) -> LaunchPlan:
     return build_plan(LaunchConfig.model_validate({**FAST, **values}), eagle_cap=2)
 
 
+def chained(plan: LaunchPlan, prefix: str = "") -> LaunchPlan:
+    """`plan`'s two processes as one co-located group: the second starts once the first is ready.
+
+    With a `prefix`, process and backend names get it (as the groups topology names them).
+    """
+    first, second = plan.processes
+
+    def named(p: ProcessSpec, after: str | None) -> ProcessSpec:
+        endpoints = tuple(replace(e, backend=prefix + e.backend) for e in p.endpoints)
+        return replace(p, name=prefix + p.name, endpoints=endpoints, start_after=after)
+
+    return replace(plan, processes=(named(first, None), named(second, prefix + first.name)))
+
+
 def wrapped(plan: LaunchPlan, name: str, shell: str) -> LaunchPlan:
     """`plan` with process `name` started through `sh -c shell` (which ends in `exec "$@"`)."""
     processes = tuple(
@@ -203,13 +217,32 @@ async def test_sequential_plan_starts_the_next_only_when_the_previous_is_ready(
     supervisors: Factory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    plan = replace(sim_plan(startup_delay=0.5), sequential=True)
+    plan = chained(sim_plan(startup_delay=0.5))
+    assert plan.sequential
     sup = supervisors(plan)
     await sup.start()
     messages = [r.getMessage() for r in caplog.records]
     eagle_ready = next(i for i, m in enumerate(messages) if m.startswith("[eagle] ready at "))
     plain_started = next(i for i, m in enumerate(messages) if m.startswith("[plain] starting: "))
     assert eagle_ready < plain_started
+
+
+async def test_groups_start_in_parallel_and_in_turn_within_each(
+    supervisors: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    g0, g1 = chained(sim_plan(startup_delay=0.5), "g0-"), chained(sim_plan(startup_delay=0.5), "g1-")
+    sup = supervisors(replace(g0, processes=(*g0.processes, *g1.processes)))
+    await sup.start()
+    messages = [r.getMessage() for r in caplog.records]
+
+    def first(prefix: str) -> int:
+        return next(i for i, m in enumerate(messages) if m.startswith(prefix))
+
+    for group in ("g0", "g1"):
+        assert first(f"[{group}-eagle] ready at ") < first(f"[{group}-plain] starting: ")
+    # The second group's EAGLE server did not wait for the first group.
+    assert first("[g1-eagle] starting: ") < first("[g0-eagle] ready at ")
 
 
 async def test_stop_leaves_no_process_behind_even_a_grandchild_ignoring_sigterm(supervisors: Factory) -> None:
@@ -280,7 +313,7 @@ async def test_startup_timeout_fails_start_and_stops_everything(supervisors: Fac
 @pytest.mark.parametrize("sequential", [False, True], ids=["parallel", "sequential"])
 async def test_a_cancelled_start_stops_what_it_started(supervisors: Factory, sequential: bool) -> None:
     # `specgate serve` cancels start() when SIGTERM arrives during a long model load.
-    plan = replace(sim_plan(startup_delay=600.0), sequential=sequential)
+    plan = chained(sim_plan(startup_delay=600.0)) if sequential else sim_plan(startup_delay=600.0)
     sup = supervisors(plan)
     starting = asyncio.create_task(sup.start())
     await eventually(lambda: len(sup.pids) == (1 if sequential else 2))
