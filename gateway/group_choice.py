@@ -1,0 +1,152 @@
+"""Which (GPU group, mode) a request goes to: the adaptive rule for K groups, as a pure function.
+
+A group is a set of GPUs running one EAGLE-3 server and one plain server co-located (their decode
+steps take turns: while both have running requests a round costs step_e(n_e) + step_p(n_p)), or a
+single server on GPUs of its own (a group of one: partitioned). Inputs are plain frozen data: per
+backend its fitted TPOT line (`TPOT(n) = alpha + beta*n`, gateway/estimator.py), its in-flight
+count, its acceptance length `tau`, and how much of their work its in-flight requests still have
+to do; per group the load its recent requests ran under.
+
+The rule (`choose`):
+
+1. The group: the one where this request is predicted to decode fastest, at the group's state
+   now: a backend's TPOT with the request added, plus, while the other server of a co-located
+   group has requests, that server's step (tau_o * TPOT_o(n_o), converted to this backend's
+   tokens by its own tau), which every round also pays. Identical groups so fill least-loaded
+   first (an idle group is the best place for a request), and a group mid-switch, paying both
+   fixed step costs, is passed over while another is cheaper.
+2. The mode in a co-located group: the one that would serve the group's whole expected load
+   fastest, `argmin TPOT_m(L)` with `L = max(n_group + 1, recent load)`: predicting at the total
+   load (not at the mode's own count) makes the group run one mode at a time and switch at the
+   crossover, where a greedy per-request rule, seeing the other mode's fixed cost, never
+   switches. The recent load (what the group's last requests ran under) keeps a burst's first,
+   lone request off EAGLE when the group has been carrying more than one: a lone EAGLE request
+   followed by plain ones mixes the modes for its whole life.
+3. Not mid-life: while the group runs the other mode only and those requests have more than half
+   their work left, the request stays in that mode (`adaptive_group_stay`) unless the target
+   mode is much faster. Requests that started together then finish together and the group
+   switches when the switch costs only their last steps; switching at once would mix the modes
+   for a whole request life, which costs more than a closed loop level's worth of the gain near
+   the crossover.
+4. The EAGLE cap: a capped backend gets nothing (`adaptive_cap` when it was the faster one).
+
+Groups of one reduce to today's partitioned rule: the backend with the lowest TPOT(n_b + 1).
+The numbers behind each step are in docs/benchmarks/group-policy-model.md
+(benchmarks/group_policy_model.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# Rule 3: a group switches modes only once the other mode's requests have at most this share of
+# their work left ...
+SWITCH_REMAINING = 0.5
+# ... unless the target mode's TPOT at the expected load is at least this much lower.
+SWITCH_GAIN = 0.25
+
+
+@dataclass(frozen=True)
+class TpotLine:
+    """A fitted line: seconds per output token with n requests in flight, `alpha + beta*n`."""
+
+    alpha: float
+    beta: float
+
+    def at(self, n: float) -> float:
+        """Predicted seconds per output token at in-flight count n."""
+        return self.alpha + self.beta * n
+
+
+@dataclass(frozen=True)
+class BackendState:
+    """One backend as the rule sees it."""
+
+    name: str
+    group: str  # backends of one group share GPUs; a backend alone in its group is partitioned
+    speculative: bool
+    available: bool
+    inflight: int
+    cap: int | None = None  # most requests it may have at once; None: no cap
+    line: TpotLine | None = None  # fitted TPOT line; None until fitted
+    tau: float = 1.0  # output tokens per decode step per request (EAGLE: the observed acceptance length)
+    remaining: float = 1.0  # share of their expected output its in-flight requests have still to produce
+
+    @property
+    def open(self) -> bool:
+        """Whether it can take one more request."""
+        return self.available and (self.cap is None or self.inflight < self.cap)
+
+
+@dataclass(frozen=True)
+class _Option:
+    backend: BackendState
+    reason: str
+    predicted: float  # seconds per token this request is predicted to decode at
+    load: int  # the group's in-flight count
+
+
+def choose(backends: Sequence[BackendState], recent_load: Mapping[str, float] | None = None) -> tuple[str, str]:
+    """The backend for one request and the reason label; see the module docstring for the rule.
+
+    `recent_load` maps a group to the mean in-flight count its recent requests ran under (its
+    typical load); groups missing from it have none yet.
+    """
+    available = [b for b in backends if b.available]
+    if not available:
+        raise ValueError("no backend is available")
+    recent = recent_load or {}
+    if len(available) == 1:
+        return available[0].name, "adaptive_unavailable"
+    if any(b.line is None for b in available):
+        return _cold(available)
+    groups: dict[str, list[BackendState]] = {}
+    for b in available:
+        groups.setdefault(b.group, []).append(b)
+    options = [opt for members in groups.values() if (opt := _group_option(members, recent.get(members[0].group, 0.0)))]
+    if not options:  # every backend is at its cap: the least loaded takes the overflow
+        least = min(available, key=lambda b: (b.inflight, b.name))
+        return least.name, "adaptive_cap"
+    best = min(options, key=lambda o: (o.predicted, o.load, o.backend.name))
+    return best.backend.name, best.reason
+
+
+def _cold(available: list[BackendState]) -> tuple[str, str]:
+    """Before every line is fitted: a lone request speculates, anything else decodes plain (least-loaded group)."""
+    load: dict[str, int] = {}
+    for b in available:
+        load[b.group] = load.get(b.group, 0) + b.inflight
+    open_ = [b for b in available if b.open] or available
+    idle = min(load[b.group] for b in open_)
+    in_group = [b for b in open_ if load[b.group] == idle]
+    preferred = [b for b in in_group if b.speculative == (idle == 0)] or in_group
+    return min(preferred, key=lambda b: b.name).name, "adaptive_prior"
+
+
+def _tpot(b: BackendState, n: float) -> float:
+    assert b.line is not None
+    return b.line.at(n)
+
+
+def _group_option(members: list[BackendState], recent: float) -> _Option | None:
+    """The best backend of one group for this request, with its predicted TPOT there."""
+    total = sum(b.inflight for b in members)
+    expected = max(total + 1.0, recent)
+    ranked = sorted(members, key=lambda b: (_tpot(b, expected if len(members) > 1 else b.inflight + 1), b.name))
+    open_ = [b for b in ranked if b.open]
+    if not open_:
+        return None
+    pick, reason = open_[0], "adaptive_predicted_faster" if open_[0] is ranked[0] else "adaptive_cap"
+    busy_others = [b for b in members if b is not pick and b.inflight > 0]
+    if len(members) > 1 and pick.inflight == 0 and busy_others and reason != "adaptive_cap":
+        stay = max(busy_others, key=lambda b: b.inflight)
+        gain = 1.0 - _tpot(pick, expected) / _tpot(stay, expected)
+        if stay.open and stay.remaining > SWITCH_REMAINING and gain < SWITCH_GAIN:
+            pick, reason = stay, "adaptive_group_stay"
+    predicted = _tpot(pick, pick.inflight + 1)
+    for other in members:
+        if other is not pick and other.inflight > 0:
+            # Co-located: every round also runs the other server's step, in this backend's tokens.
+            predicted += other.tau * _tpot(other, other.inflight) / pick.tau
+    return _Option(pick, reason, predicted, total)
