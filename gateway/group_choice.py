@@ -40,13 +40,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# Rule 3: a group switches modes only once the other mode's requests have at most this share of
-# their work left ...
-SWITCH_REMAINING = 0.5
-# ... unless the target mode's TPOT at the expected load is at least this much lower.
-SWITCH_GAIN = 0.25
-
-
 @dataclass(frozen=True)
 class TpotLine:
     """A fitted line: seconds per output token with n requests in flight, `alpha + beta*n`."""
@@ -129,6 +122,28 @@ def _tpot(b: BackendState, n: float) -> float:
     return b.line.at(n)
 
 
+def _step(b: BackendState, n: float) -> float:
+    """Predicted step time with n requests running: its tokens per step times its TPOT."""
+    return b.tau * _tpot(b, n) if n > 0 else 0.0
+
+
+def _stay_loss(old: BackendState, new: BackendState, load: float) -> float:
+    """GPU time lost, per token of a request life, by keeping the group's `load` in the old mode one more life."""
+    return _tpot(old, load) - _tpot(new, load)
+
+
+def _switch_loss(old: BackendState, new: BackendState, load: float) -> float:
+    """GPU time lost, per token of a request life, by switching now: both modes' steps run every round
+    until the old mode's requests have drained (their remaining share of a life, in old-mode rounds),
+    against serving the same tokens in the new mode alone."""
+    n_old = old.inflight
+    n_new = max(load - n_old, 1.0)
+    tokens = old.tau * n_old + new.tau * n_new
+    per_token_new = _step(new, load) / (new.tau * load)
+    extra = _step(old, n_old) + _step(new, n_new) - tokens * per_token_new
+    return old.remaining / old.tau * extra
+
+
 def _group_option(members: list[BackendState], recent: float) -> _Option | None:
     """The best backend of one group for this request, with its predicted TPOT there."""
     total = sum(b.inflight for b in members)
@@ -141,12 +156,13 @@ def _group_option(members: list[BackendState], recent: float) -> _Option | None:
     busy_others = [b for b in members if b is not pick and b.inflight > 0]
     if len(members) > 1 and pick.inflight == 0 and busy_others and reason != "adaptive_cap":
         stay = max(busy_others, key=lambda b: b.inflight)
-        gain = 1.0 - _tpot(pick, expected) / _tpot(stay, expected)
-        if stay.open and stay.remaining > SWITCH_REMAINING and gain < SWITCH_GAIN:
+        # The load ahead is at least what has arrived and, in a burst, likely more: at least
+        # twice what the old mode already holds.
+        ahead = max(expected, 2.0 * stay.inflight)
+        if stay.open and _switch_loss(stay, pick, ahead) > _stay_loss(stay, pick, ahead):
             pick, reason = stay, "adaptive_group_stay"
-    predicted = _tpot(pick, pick.inflight + 1)
-    for other in members:
-        if other is not pick and other.inflight > 0:
-            # Co-located: every round also runs the other server's step, in this backend's tokens.
-            predicted += other.tau * _tpot(other, other.inflight) / pick.tau
+    # Co-located, the request is predicted at the group's total load (steps take turns, so every
+    # request in the group slows it): identical groups then fill least-loaded first whatever the
+    # lines' errors. Alone, at the backend's own load (today's partitioned rule).
+    predicted = _tpot(pick, (total if len(members) > 1 else pick.inflight) + 1)
     return _Option(pick, reason, predicted, total)
