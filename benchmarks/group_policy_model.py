@@ -194,7 +194,10 @@ def least_inflight(groups: list[Group]) -> Server:
     return min((s for g in groups for s in g.servers), key=lambda s: s.inflight)
 
 
-def rule_router(lines: dict[bool, TpotLine], taus: dict[bool, float]) -> Router:
+def rule_router(lines: dict[bool, TpotLine], taus: dict[bool, float], *, recent: bool = True, stay: bool = True) -> Router:
+    """`choose` over the groups' state; `recent=False` hides the recent load and `stay=False` reports
+    every in-flight request as done (so a switch never looks costly): the two ablations."""
+
     def route(groups: list[Group]) -> Server:
         states = []
         by_name: dict[str, Server] = {}
@@ -203,14 +206,14 @@ def rule_router(lines: dict[bool, TpotLine], taus: dict[bool, float]) -> Router:
                 by_name[s.name] = s
                 remaining = (
                     sum(OUTPUT - r.produced for r in (*s.waiting, *s.running)) / (OUTPUT * s.inflight) if s.inflight else 1.0
-                )
+                ) if stay else 0.0
                 states.append(
                     BackendState(
                         s.name, f"g{g.index}", s.speculative, True, s.inflight,
                         EAGLE_CAP if s.speculative else None, lines[s.speculative], taus[s.speculative], remaining,
                     )
                 )
-        name, _ = choose(states, {f"g{g.index}": g.recent for g in groups if g.recent})
+        name, _ = choose(states, {f"g{g.index}": g.recent for g in groups if g.recent and recent})
         return by_name[name]
 
     return route
@@ -239,12 +242,51 @@ def make_groups(profile: Profile, k: int, roles: tuple[str, ...], seed: int) -> 
     return groups
 
 
-def run_target(profile: Profile, k: int, roles: tuple[str, ...], route: Router, seed: int) -> dict[int, Result]:
+def run_target(
+    profile: Profile, k: int, roles: tuple[str, ...], route: Router, seed: int, *, cold: bool = False
+) -> dict[int, Result]:
+    """Every level in order on the same groups; `cold`: each level on fresh groups (no recent load),
+    i.e. a burst of C arrivals after a long idle spell."""
     groups = make_groups(profile, k, roles, seed)
-    return {c: run_level(groups, route, c, seed + c, profile.max_prefill_tokens) for c in LEVELS}
+    results = {}
+    for c in LEVELS:
+        if cold:
+            groups = make_groups(profile, k, roles, seed)
+        results[c] = run_level(groups, route, c, seed + c, profile.max_prefill_tokens)
+    return results
 
 
-def scenario(profile_name: str, k: int, seed: int) -> list[str]:
+HEADER = f"""\
+Discrete-event model (step times from backends/sim/profiles.py, turn-taking as backends/sim/timeline.py),
+{PROMPT} prompt / {OUTPUT} output tokens, max(8C, 32) requests per level, levels in order from idle, arrivals
+one at a time; EAGLE servers run up to {EAGLE_CAP} requests, the rule's EAGLE cap is {EAGLE_CAP}. Ratios:
+throughput / the best of plain DP, EAGLE DP and adaptive DP (K servers behind a least-in-flight
+balancer); TPOT p50 / the lowest of those carrying the load (within 10% of the best throughput).
+Absolute tok/s are modelled at time scale 1.
+
+Targets: `rule` is gateway/group_choice.py given the profile's true TPOT lines. `slopes +-15%` and
+`lines +-15%` give it lines whose slopes, or whole lines, are off by 15% (worst of the four EAGLE/plain
+combinations at each level). `without recent load` and `without stay` are the rule less one of its
+parts. `today's co-located rule` is the least-loaded group, then the mode with the lower TPOT at the
+group's total load + 1. `cold bursts` runs every level on fresh groups with no history: C requests
+arriving at once after a long idle spell."""
+
+Ratios = tuple[list[float], list[float]]  # throughput and TPOT p50 ratios, one per level
+
+
+def ratios(base: dict[str, dict[int, Result]], runs: list[dict[int, Result]]) -> Ratios:
+    """Worst over `runs` at each level of throughput / best baseline and TPOT p50 / best carrying one."""
+    thr, tpot = [], []
+    for c in LEVELS:
+        top = max(r[c].throughput for r in base.values())
+        fast = min(r[c].tpot_p50 for r in base.values() if r[c].throughput >= 0.9 * top)
+        thr.append(min(run[c].throughput for run in runs) / top)
+        tpot.append(max(run[c].tpot_p50 for run in runs) / fast)
+    return thr, tpot
+
+
+def scenario(profile_name: str, k: int, seed: int) -> tuple[list[str], list[str]]:
+    """The level table of one profile and K, and its rows of the summary table."""
     profile = load_profile(profile_name)
     base = {
         "plain DP": run_target(profile, k, ("plain",), least_inflight, seed),
@@ -253,40 +295,53 @@ def scenario(profile_name: str, k: int, seed: int) -> list[str]:
     }
     e, p = profile.eagle, profile.plain
     taus = {True: e.tau, False: 1.0}
-    exact = run_target(profile, k, ("eagle", "plain"), rule_router({True: true_line(e), False: true_line(p)}, taus), seed)
     truth = {True: true_line(e), False: true_line(p)}
-    today = run_target(profile, k, ("eagle", "plain"), todays_router(truth), seed)
-    off = [
-        run_target(profile, k, ("eagle", "plain"), rule_router({True: true_line(e, se), False: true_line(p, sp)}, taus), seed)
-        for se, sp in ERRORS
-    ]
-    slopes = [
-        run_target(profile, k, ("eagle", "plain"), rule_router({True: true_line(e, 1.0, se), False: true_line(p, 1.0, sp)}, taus), seed)
-        for se, sp in ERRORS
-    ]
+    pair = ("eagle", "plain")
+
+    def rule(**kwargs: bool) -> Router:
+        return rule_router(truth, taus, **kwargs)
+
+    def erred(scale: bool) -> list[dict[int, Result]]:
+        return [
+            run_target(profile, k, pair, rule_router({
+                True: true_line(e, se, 1.0) if scale else true_line(e, 1.0, se),
+                False: true_line(p, sp, 1.0) if scale else true_line(p, 1.0, sp),
+            }, taus), seed)
+            for se, sp in ERRORS
+        ]
+
+    exact = run_target(profile, k, pair, rule(), seed)
+    variants: dict[str, list[dict[int, Result]]] = {
+        "rule": [exact],
+        "rule, slopes +-15%": erred(scale=False),
+        "rule, lines +-15%": erred(scale=True),
+        "rule without recent load": [run_target(profile, k, pair, rule(recent=False), seed)],
+        "rule without stay": [run_target(profile, k, pair, rule(stay=False), seed)],
+        "today's co-located rule": [run_target(profile, k, pair, todays_router(truth), seed)],
+        "rule, cold bursts": [run_target(profile, k, pair, rule(), seed, cold=True)],
+        "today's rule, cold bursts": [run_target(profile, k, pair, todays_router(truth), seed, cold=True)],
+    }
+    table = {name: ratios(base, runs) for name, runs in variants.items()}
     lines = [
         f"### {profile_name}, K={k}",
         "",
-        "| C | best throughput (tok/s) | rule | slopes +-15% | lines +-15% | today's rule "
-        "| best TPOT p50 ms, carrying the load | rule | slopes +-15% | lines +-15% | today's rule | rule on EAGLE |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| C | best throughput, tok/s | best TPOT p50 ms, carrying the load | rule on EAGLE | "
+        + " | ".join(f"{name}: tok/s, TPOT" for name in table) + " |",
+        "|---|---|---|---|" + "---|" * len(table),
     ]
-    for c in LEVELS:
+    for i, c in enumerate(LEVELS):
         top_name, top = max(((n, r[c]) for n, r in base.items()), key=lambda x: x[1].throughput)
         carrying = [(n, r[c]) for n, r in base.items() if r[c].throughput >= 0.9 * top.throughput]
         fast_name, fast = min(carrying, key=lambda x: x[1].tpot_p50)
-        t = [x / top.throughput for x in (
-            exact[c].throughput, min(r[c].throughput for r in slopes), min(r[c].throughput for r in off), today[c].throughput
-        )]
-        l = [x / fast.tpot_p50 for x in (
-            exact[c].tpot_p50, max(r[c].tpot_p50 for r in slopes), max(r[c].tpot_p50 for r in off), today[c].tpot_p50
-        )]
+        cells = " | ".join(f"{thr[i]:.3f}, {tpot[i]:.3f}" for thr, tpot in table.values())
         lines.append(
-            f"| {c} | {top_name} {top.throughput:.0f} | " + " | ".join(f"{x:.3f}" for x in t)
-            + f" | {fast_name} {fast.tpot_p50:.2f} | " + " | ".join(f"{x:.3f}" for x in l)
-            + f" | {exact[c].eagle_share:.0%} |"
+            f"| {c} | {top_name} {top.throughput:.0f} | {fast_name} {fast.tpot_p50:.2f} | {exact[c].eagle_share:.0%} | {cells} |"
         )
-    return lines + [""]
+    summary = []
+    for name, (thr, tpot) in table.items():
+        i, j = thr.index(min(thr)), tpot.index(max(tpot))
+        summary.append(f"| {profile_name} K={k} | {name} | {thr[i]:.3f} (C={LEVELS[i]}) | {tpot[j]:.3f} (C={LEVELS[j]}) |")
+    return lines + [""], summary
 
 
 @click.command()
@@ -294,7 +349,24 @@ def scenario(profile_name: str, k: int, seed: int) -> list[str]:
 @click.option("--seed", type=int, default=0, show_default=True)
 def main(out: Path | None, seed: int) -> None:
     """Print the rule's throughput and TPOT p50 ratios against the best same-hardware baseline."""
-    text = "\n".join(line for name, k in SCENARIOS for line in scenario(name, k, seed))
+    tables, summary = [], []
+    for name, k in SCENARIOS:
+        levels, rows = scenario(name, k, seed)
+        tables += levels
+        summary += rows
+    head = [
+        "# Group routing rule: closed-loop model against the same GPUs run one way",
+        "",
+        f"Command: `python benchmarks/group_policy_model.py --seed {seed} --out docs/benchmarks/group-policy-model.md`",
+        "",
+        HEADER,
+        "",
+        "## Worst level per target",
+        "",
+        "| profile | target | worst throughput ratio | worst TPOT p50 ratio |",
+        "|---|---|---|---|",
+    ]
+    text = "\n".join(head + summary + ["", "## Every level (throughput ratio, TPOT p50 ratio)", ""] + tables)
     sys.stdout.write(text + "\n")
     if out is not None:
         out.write_text(text + "\n", encoding="utf-8")
