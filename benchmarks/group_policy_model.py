@@ -194,9 +194,12 @@ def least_inflight(groups: list[Group]) -> Server:
     return min((s for g in groups for s in g.servers), key=lambda s: s.inflight)
 
 
-def rule_router(lines: dict[bool, TpotLine], taus: dict[bool, float], *, recent: bool = True, stay: bool = True) -> Router:
-    """`choose` over the groups' state; `recent=False` hides the recent load and `stay=False` reports
-    every in-flight request as done (so a switch never looks costly): the two ablations."""
+def rule_router(
+    lines: dict[bool, TpotLine], taus: dict[bool, float], *, recent: bool = True, stay: bool = True, progress: bool = True
+) -> Router:
+    """`choose` over the groups' state; the ablations: `recent=False` hides the recent load,
+    `stay=False` reports every in-flight request as done (a switch never looks costly), and
+    `progress=False` every one as just started (what the rule sees if nobody measures progress)."""
 
     def route(groups: list[Group]) -> Server:
         states = []
@@ -206,7 +209,7 @@ def rule_router(lines: dict[bool, TpotLine], taus: dict[bool, float], *, recent:
                 by_name[s.name] = s
                 remaining = (
                     sum(OUTPUT - r.produced for r in (*s.waiting, *s.running)) / (OUTPUT * s.inflight) if s.inflight else 1.0
-                ) if stay else 0.0
+                ) if stay and progress else (0.0 if not stay else 1.0)
                 states.append(
                     BackendState(
                         s.name, f"g{g.index}", s.speculative, True, s.inflight,
@@ -267,7 +270,8 @@ Absolute tok/s are modelled at time scale 1.
 Targets: `rule` is gateway/group_choice.py given the profile's true TPOT lines. `slopes +-15%` and
 `lines +-15%` give it lines whose slopes, or whole lines, are off by 15% (worst of the four EAGLE/plain
 combinations at each level). `without recent load` and `without stay` are the rule less one of its
-parts. `today's co-located rule` is the least-loaded group, then the mode with the lower TPOT at the
+parts; `without progress` is the rule told that every in-flight request has just started (the
+gateway not measuring progress). `today's co-located rule` is the least-loaded group, then the mode with the lower TPOT at the
 group's total load + 1. `cold bursts` runs every level on fresh groups with no history: C requests
 arriving at once after a long idle spell."""
 
@@ -317,6 +321,7 @@ def scenario(profile_name: str, k: int, seed: int) -> tuple[list[str], list[str]
         "rule, lines +-15%": erred(scale=True),
         "rule without recent load": [run_target(profile, k, pair, rule(recent=False), seed)],
         "rule without stay": [run_target(profile, k, pair, rule(stay=False), seed)],
+        "rule without progress": [run_target(profile, k, pair, rule(progress=False), seed)],
         "today's co-located rule": [run_target(profile, k, pair, todays_router(truth), seed)],
         "rule, cold bursts": [run_target(profile, k, pair, rule(), seed, cold=True)],
         "today's rule, cold bursts": [run_target(profile, k, pair, todays_router(truth), seed, cold=True)],
