@@ -4,35 +4,43 @@ A group is a set of GPUs running one EAGLE-3 server and one plain server co-loca
 steps take turns: while both have running requests a round costs step_e(n_e) + step_p(n_p)), or a
 single server on GPUs of its own (a group of one: partitioned). Inputs are plain frozen data: per
 backend its fitted TPOT line (`TPOT(n) = alpha + beta*n`, gateway/estimator.py), its in-flight
-count, its acceptance length `tau`, and how much of their work its in-flight requests still have
-to do; per group the load its recent requests ran under.
+count, its acceptance length `tau` (so its step is `tau * TPOT`), and the share of their output
+its in-flight requests have still to produce; per group the load its recent requests ran under.
 
-The rule (`choose`):
+The rule (`choose`), reasons in brackets:
 
-1. The group: the one where this request is predicted to decode fastest, at the group's state
-   now: a backend's TPOT with the request added, plus, while the other server of a co-located
-   group has requests, that server's step (tau_o * TPOT_o(n_o), converted to this backend's
-   tokens by its own tau), which every round also pays. Identical groups so fill least-loaded
-   first (an idle group is the best place for a request), and a group mid-switch, paying both
-   fixed step costs, is passed over while another is cheaper.
-2. The mode in a co-located group: the one that would serve the group's whole expected load
-   fastest, `argmin TPOT_m(L)` with `L = max(n_group + 1, recent load)`: predicting at the total
-   load (not at the mode's own count) makes the group run one mode at a time and switch at the
-   crossover, where a greedy per-request rule, seeing the other mode's fixed cost, never
-   switches. The recent load (what the group's last requests ran under) keeps a burst's first,
-   lone request off EAGLE when the group has been carrying more than one: a lone EAGLE request
-   followed by plain ones mixes the modes for its whole life.
-3. Not mid-life: while the group runs the other mode only and those requests have more than half
-   their work left, the request stays in that mode (`adaptive_group_stay`) unless the target
-   mode is much faster. Requests that started together then finish together and the group
-   switches when the switch costs only their last steps; switching at once would mix the modes
-   for a whole request life, which costs more than a closed loop level's worth of the gain near
-   the crossover.
-4. The EAGLE cap: a capped backend gets nothing (`adaptive_cap` when it was the faster one).
+1. Mode of a co-located group: the one that would serve the group's whole expected load fastest,
+   `argmin_m TPOT_m(L)`, `L = max(n_group + 1, recent load)` [`adaptive_predicted_faster`].
+   Predicting at the total load makes a group run one mode at a time and switch at the
+   crossover; a greedy per-request rule, which sees the other mode's fixed step cost, never
+   switches. The recent load keeps a burst's first, lone request off EAGLE when the group has
+   been carrying more than one: that request would mix the modes for its whole life.
+2. Stay or switch: when the group runs only the other mode, the request stays there
+   [`adaptive_group_stay`] while switching costs more than staying, per token of a request life:
+   switching pays both servers' steps every round until the other mode's requests drain (their
+   remaining share of a life), staying serves the load one more life in the slower mode. The load
+   ahead is taken as at least twice what the old mode holds (a burst is likely still arriving).
+   Requests that started together so finish together, and the group switches when that costs
+   only their last steps.
+3. The group: the one where the request is predicted fastest at the group's total load
+   (`TPOT_pick(n_group + 1)`; alone, `TPOT_b(n_b + 1)`). Identical groups fill least-loaded first
+   whatever the lines' errors; a group of one is today's partitioned rule.
+4. A capped backend gets nothing [`adaptive_cap` when it was the faster one]; one backend left
+   [`adaptive_unavailable`]; a backend without a fitted line: a lone request speculates, others
+   decode plain [`adaptive_prior`].
 
-Groups of one reduce to today's partitioned rule: the backend with the lowest TPOT(n_b + 1).
-The numbers behind each step are in docs/benchmarks/group-policy-model.md
-(benchmarks/group_policy_model.py).
+Measured in benchmarks/group_policy_model.py (docs/benchmarks/group-policy-model.md: closed loop,
+128/128 tokens, levels 1..128 in order, against the best of plain, EAGLE and adaptive data
+parallel on the same GPUs), given the true lines: worst throughput / TPOT p50 ratio 0.997 / 1.009
+on field-8gpu K=1, 0.985 / 1.008 on K=2, 1.000 / 1.000 on llama8b-h100 K=8. Today's co-located
+rule per group: 0.959 (K=1, C=4), 0.940 (K=2, C=4). Each part is needed: without the recent load
+0.943 (C=4); without rule 2 0.973 (K=1) and 0.940 (K=2, C=4); with rule 2 but no progress
+measured (every request looks just started) the group never leaves EAGLE at C=2: 0.920. Limits:
+line errors that move the crossover across a level pick the wrong mode there (up to the true gap
+between the modes: field-8gpu at C=1..4 with lines off by 15% in opposite directions, 0.84); a
+burst after a long idle spell, with no recent load to go by, costs 0.94-0.96 at 4-8 requests per
+group on field-8gpu (today's rule 0.96-0.97), as the first request speculates before the rest
+arrive.
 """
 
 from __future__ import annotations
