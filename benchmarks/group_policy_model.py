@@ -269,7 +269,7 @@ Absolute tok/s are modelled at time scale 1.
 
 Targets: `rule` is gateway/group_choice.py given the profile's true TPOT lines. `slopes +-15%` and
 `lines +-15%` give it lines whose slopes, or whole lines, are off by 15% (worst of the four EAGLE/plain
-combinations at each level). `without recent load` and `without stay` are the rule less one of its
+combinations at each level); `tau +-15%` an acceptance length 15% off. `without recent load` and `without stay` are the rule less one of its
 parts; `without progress` is the rule told that every in-flight request has just started (the
 gateway not measuring progress). `today's co-located rule` is the least-loaded group, then the mode with the lower TPOT at the
 group's total load + 1. `cold bursts` runs every level on fresh groups with no history: C requests
@@ -319,6 +319,9 @@ def scenario(profile_name: str, k: int, seed: int) -> tuple[list[str], list[str]
         "rule": [exact],
         "rule, slopes +-15%": erred(scale=False),
         "rule, lines +-15%": erred(scale=True),
+        "rule, tau +-15%": [
+            run_target(profile, k, pair, rule_router(truth, {True: e.tau * f, False: 1.0}), seed) for f in (0.85, 1.15)
+        ],
         "rule without recent load": [run_target(profile, k, pair, rule(recent=False), seed)],
         "rule without stay": [run_target(profile, k, pair, rule(stay=False), seed)],
         "rule without progress": [run_target(profile, k, pair, rule(progress=False), seed)],

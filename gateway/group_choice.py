@@ -32,7 +32,8 @@ The rule (`choose`), reasons in brackets:
 Measured in benchmarks/group_policy_model.py (docs/benchmarks/group-policy-model.md: closed loop,
 128/128 tokens, levels 1..128 in order, against the best of plain, EAGLE and adaptive data
 parallel on the same GPUs), given the true lines: worst throughput / TPOT p50 ratio 0.997 / 1.009
-on field-8gpu K=1, 0.985 / 1.008 on K=2, 1.000 / 1.000 on llama8b-h100 K=8. Today's co-located
+on field-8gpu K=1, 0.985 / 1.008 on K=2, 1.000 / 1.000 on llama8b-h100 K=8 (other seeds of the
+acceptance draws: 0.979 at worst; tau off by 15%: unchanged). Today's co-located
 rule per group: 0.959 (K=1, C=4), 0.940 (K=2, C=4). Each part is needed: without the recent load
 0.943 (C=4); without rule 2 0.973 (K=1) and 0.940 (K=2, C=4); with rule 2 but no progress
 measured (every request looks just started) the group never leaves EAGLE at C=2: 0.920. Limits:
