@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class TpotLine:
     """A fitted line: seconds per output token with n requests in flight, `alpha + beta*n`."""
