@@ -21,7 +21,7 @@ The rule (`choose`), reasons in brackets:
    remaining share of a life), staying serves the load one more life in the slower mode. The load
    ahead is taken as at least twice what the old mode holds (a burst is likely still arriving).
    Requests that started together so finish together, and the group switches when that costs
-   only their last steps.
+   only their last steps. A group with no recent load yet (no history) switches at once.
 3. The group: the one where the request is predicted fastest at the group's total load
    (`TPOT_pick(n_group + 1)`; alone, `TPOT_b(n_b + 1)`). Identical groups fill least-loaded first
    whatever the lines' errors; a group of one is today's partitioned rule.
@@ -35,13 +35,13 @@ parallel on the same GPUs), given the true lines: worst throughput / TPOT p50 ra
 on field-8gpu K=1, 0.985 / 1.008 on K=2, 1.000 / 1.000 on llama8b-h100 K=8 (other seeds of the
 acceptance draws: 0.979 at worst; tau off by 15%: unchanged). Today's co-located
 rule per group: 0.959 (K=1, C=4), 0.940 (K=2, C=4). Each part is needed: without the recent load
-0.943 (C=4); without rule 2 0.973 (K=1) and 0.940 (K=2, C=4); with rule 2 but no progress
-measured (every request looks just started) the group never leaves EAGLE at C=2: 0.920. Limits:
-line errors that move the crossover across a level pick the wrong mode there (up to the true gap
-between the modes: field-8gpu at C=1..4 with lines off by 15% in opposite directions, 0.84); a
-burst after a long idle spell, with no recent load to go by, costs 0.94-0.96 at 4-8 requests per
-group on field-8gpu (today's rule 0.96-0.97), as the first request speculates before the rest
-arrive.
+(and so without rule 2, which needs history) 0.959 (K=1, C=4); without rule 2 alone 0.973 (K=1) and 0.940
+(K=2, C=4); with rule 2 but no progress measured (every request looks just started) the group
+never leaves EAGLE at C=2: 0.920. Limits: line errors that move the crossover across a level pick
+the wrong mode there, losing up to the true gap between the modes (field-8gpu at C=1..4 with
+lines off by 15% in opposite directions: 0.84); a burst after a long idle spell, with no history,
+is served as today's rule serves it (0.956 at 4 requests per group on field-8gpu), since its first
+request speculates before the rest arrive.
 """
 
 from __future__ import annotations
@@ -164,7 +164,9 @@ def _group_option(members: list[BackendState], recent: float) -> _Option | None:
         return None
     pick, reason = open_[0], "adaptive_predicted_faster" if open_[0] is ranked[0] else "adaptive_cap"
     busy_others = [b for b in members if b is not pick and b.inflight > 0]
-    if len(members) > 1 and pick.inflight == 0 and busy_others and reason != "adaptive_cap":
+    # Without a recent load the group has no history to say whether the old mode's requests will
+    # drain together or a larger burst is still arriving: it switches at once, as today's rule.
+    if len(members) > 1 and recent > 0.0 and pick.inflight == 0 and busy_others and reason != "adaptive_cap":
         stay = max(busy_others, key=lambda b: b.inflight)
         # The load ahead is at least what has arrived and, in a burst, likely more: at least
         # twice what the old mode already holds.

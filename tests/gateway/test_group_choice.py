@@ -67,16 +67,23 @@ def test_identical_groups_balance_even_with_biased_lines() -> None:
 def test_the_group_does_not_mix_modes_while_its_requests_are_young() -> None:
     # One EAGLE request just started; plain would serve two faster, but switching now runs both
     # servers' steps for the rest of its life.
-    assert choose([eagle(inflight=1, remaining=0.99), plain()]) == ("eagle-g0", "adaptive_group_stay")
+    assert choose([eagle(inflight=1, remaining=0.99), plain()], {"g0": 1.0}) == ("eagle-g0", "adaptive_group_stay")
 
 
 def test_the_group_switches_to_plain_when_its_eagle_requests_are_draining() -> None:
-    assert choose([eagle(inflight=1, remaining=0.02), plain()]) == ("plain-g0", "adaptive_predicted_faster")
+    backends = [eagle(inflight=1, remaining=0.02), plain()]
+    assert choose(backends, {"g0": 1.0}) == ("plain-g0", "adaptive_predicted_faster")
 
 
 def test_the_group_switches_at_once_when_the_gain_is_large() -> None:
     # Eight young EAGLE requests: staying costs far more than mixing until they finish.
-    assert choose([eagle(inflight=8, remaining=0.9), plain()]) == ("plain-g0", "adaptive_predicted_faster")
+    backends = [eagle(inflight=8, remaining=0.9), plain()]
+    assert choose(backends, {"g0": 8.0}) == ("plain-g0", "adaptive_predicted_faster")
+
+
+def test_without_history_the_group_switches_at_once() -> None:
+    # No recent load: nothing says the burst is over, so the group follows its load at once.
+    assert choose([eagle(inflight=1, remaining=0.99), plain()]) == ("plain-g0", "adaptive_predicted_faster")
 
 
 def test_a_mixed_group_sends_to_the_mode_of_its_load() -> None:
