@@ -14,9 +14,14 @@ that request alone. Levels run in order 1, 2, 4, ..., 128 as the envelope runs t
 rule's memory (each group's recent load) carries over.
 
 Targets, each on the same K groups of GPUs: plain DP, EAGLE DP and adaptive DP (one server per
-group, least-in-flight balancer), and `gateway.group_choice.choose` with both servers per group.
-The rule is given the profile's true TPOT lines, and then lines scaled by 0.85 / 1.15 (each of
-the four combinations for EAGLE and plain; the table shows the worst) to show robustness.
+group, least-in-flight balancer), and `gateway.group_choice.choose` with both servers per group,
+given the profile's true TPOT lines, then lines, slopes or tau 15% off, then less one of its parts,
+and today's co-located rule for comparison (HEADER says which is which).
+
+Not modelled: the gateway hop, learning (the lines are given; no probes), the memory price of
+co-location (each server keeps its profile's KV capacity; 128 requests of 256 tokens need 33k
+tokens, far below either profile's capacities, so a split bites only where a server's share falls
+below that).
 
 Usage: python benchmarks/group_policy_model.py [--out docs/benchmarks/group-policy-model.md]
 """
@@ -269,10 +274,10 @@ Absolute tok/s are modelled at time scale 1.
 
 Targets: `rule` is gateway/group_choice.py given the profile's true TPOT lines. `slopes +-15%` and
 `lines +-15%` give it lines whose slopes, or whole lines, are off by 15% (worst of the four EAGLE/plain
-combinations at each level); `tau +-15%` an acceptance length 15% off. `without recent load` and `without stay` are the rule less one of its
-parts; `without progress` is the rule told that every in-flight request has just started (the
-gateway not measuring progress). `today's co-located rule` is the least-loaded group, then the mode with the lower TPOT at the
-group's total load + 1. `cold bursts` runs every level on fresh groups with no history: C requests
+combinations at each level); `tau +-15%` an acceptance length 15% off. `without recent load` and
+`without stay` are the rule less one of its parts; `without progress` is the rule told that every
+in-flight request has just started (the gateway not measuring progress). `today's co-located rule`
+is the least-loaded group, then the mode with the lower TPOT at the group's total load + 1. `cold bursts` runs every level on fresh groups with no history: C requests
 arriving at once after a long idle spell."""
 
 Ratios = tuple[list[float], list[float]]  # throughput and TPOT p50 ratios, one per level
