@@ -74,7 +74,9 @@ class BackendState:
     cap: int | None = None  # most requests it may have at once; None: no cap
     line: TpotLine | None = None  # fitted TPOT line; None until fitted
     tau: float = 1.0  # output tokens per decode step per request (EAGLE: the observed acceptance length)
-    remaining: float = 1.0  # share of their expected output its in-flight requests have still to produce
+    # Share of their expected output its in-flight requests have still to produce. Unknown: 0, so
+    # a group switches at once (a 1 would keep it in its mode for as long as requests keep coming).
+    remaining: float = 0.0
 
     @property
     def open(self) -> bool:
