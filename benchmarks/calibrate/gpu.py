@@ -54,7 +54,6 @@ class StepTimer:
         self.device = device
         self.warmup = warmup
         self.repeats = repeats
-        self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
     def samples_ms(self, step: Callable[[], object]) -> list[float]:
         """Duration of each of `repeats` runs of `step`, ms, after `warmup` untimed runs."""
@@ -74,7 +73,7 @@ class StepTimer:
                 step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph):  # its own memory pool, freed with the graph
             step()
         for _ in range(self.warmup):
             graph.replay()
