@@ -73,7 +73,7 @@ def profile_tables(
     return {
         "name": name,
         "model_path": model_path,
-        "accelerator": accelerator,
+        "accelerator": f"{accelerator} (simulated)",
         "num_gpus": 1,
         "context_length": context_length,
         "default_max_tokens": DEFAULT_MAX_TOKENS,
