@@ -177,6 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plain-max-running", type=int, default=256)
     parser.add_argument("--eagle-max-running", type=int, default=48, help="SGLang's default cap for EAGLE servers")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (fuses elementwise work)")
     return parser.parse_args(argv)
 
 
@@ -192,7 +193,13 @@ def main(argv: list[str] | None = None) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     started = time.perf_counter()
     decoder = Decoder(
-        shape, context=args.context, max_batch=batches[-1], draft_vocab=args.draft_vocab, device=device, dtype=dtype
+        shape,
+        context=args.context,
+        max_batch=batches[-1],
+        draft_vocab=args.draft_vocab,
+        device=device,
+        dtype=dtype,
+        compile_layers=args.compile,
     )
     timer = StepTimer(device, args.warmup, args.repeats)
     with torch.inference_mode():
@@ -232,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": described,
         "dtype": str(dtype).removeprefix("torch."),
         "cuda_graphs": device.type == "cuda",
+        "compiled_layers": args.compile,
         "shape": asdict(shape),
         "context": args.context,
         "drafts": args.drafts,

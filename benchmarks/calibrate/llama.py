@@ -105,6 +105,7 @@ class Decoder:
         device: torch.device,
         dtype: torch.dtype,
         seed: int = 0,
+        compile_layers: bool = False,
     ) -> None:
         self.shape = shape
         self.context = context
@@ -147,6 +148,14 @@ class Decoder:
         last = shape.layers - 1
         self.feature_layers = (min(2, last), shape.layers // 2, max(shape.layers - 3, 0))
         self._rope_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._project_fn, self._finish_fn = self._project, self._finish
+        if compile_layers:
+            # Compiled, the work around attention (norms, rotary, SiLU, residual adds) fuses into a few
+            # kernels, as in a serving engine's hand-fused ones; eager PyTorch runs about twice as many.
+            # Attention and the KV cache writes stay eager, so the cache is written in place.
+            torch._dynamo.config.recompile_limit = 64  # one compile per layer kind, q_len, batch 1 or more
+            self._project_fn = torch.compile(self._project, fullgraph=True)
+            self._finish_fn = torch.compile(self._finish, fullgraph=True)
 
     def _rope_tables(self, start: int, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin over the full head dim for positions start..start+q_len, computed once per shape."""
@@ -159,12 +168,56 @@ class Decoder:
             self._rope_cache[key] = (angles.cos().to(self.dtype), angles.sin().to(self.dtype))
         return self._rope_cache[key]
 
-    def _rope(self, x: torch.Tensor, start: int) -> torch.Tensor:
+    def _rope(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotary embedding of [batch, q_len, heads, head_dim] (queries and keys together, one pass)."""
-        cos, sin = self._rope_tables(start, x.shape[1])
+        cos, sin = rope
         half = self.shape.head_dim // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return torch.addcmul(x * cos, rotated, sin)
+
+    def _project(
+        self, layer: _Layer, attn_in: torch.Tensor, batch: int, q_len: int, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Norm, QKV projection and rotary: q [batch, q_len, heads, dim], k and v [batch, kv_heads, q_len, dim]."""
+        s = self.shape
+        h = F.rms_norm(attn_in, (attn_in.shape[-1],), layer.norm_attn, s.rms_eps)
+        qkv = F.linear(h, layer.wqkv)
+        qk_width = (s.heads + s.kv_heads) * s.head_dim
+        qk = self._rope(qkv[:, :qk_width].view(batch, q_len, s.heads + s.kv_heads, s.head_dim), rope)
+        v = qkv[:, qk_width:].view(batch, q_len, s.kv_heads, s.head_dim).transpose(1, 2)
+        return qk[:, :, : s.heads], qk[:, :, s.heads :].transpose(1, 2), v
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """Attention output [batch * q_len, heads * dim]; `kv` None means a prefill attending to itself."""
+        s = self.shape
+        batch, q_len = q.shape[0], q.shape[1]
+        group = s.heads // s.kv_heads
+        if kv is None:
+            # Prefill: causal over its own tokens; KV heads repeated for the query heads that share them.
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True)
+            return out.transpose(1, 2).reshape(batch * q_len, -1)
+        k_all, v_all = kv[0][:batch], kv[1][:batch]
+        k_all[:, :, self.context - q_len :] = k
+        v_all[:, :, self.context - q_len :] = v
+        # Decode: the query heads sharing a KV head are folded into its query rows (as decode kernels
+        # do), so attention runs per KV head and any SDPA backend reads the cache once.
+        q = q.reshape(batch, q_len, s.kv_heads, group, s.head_dim).permute(0, 2, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q.reshape(batch, s.kv_heads, group * q_len, s.head_dim), k_all, v_all)
+        return out.view(batch, s.kv_heads, group, q_len, s.head_dim).permute(0, 3, 1, 2, 4).reshape(batch * q_len, -1)
+
+    def _finish(self, layer: _Layer, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, norm and the gated MLP."""
+        x = residual + F.linear(attn_out, layer.wo)
+        h = F.rms_norm(x, (self.shape.hidden,), layer.norm_mlp, self.shape.rms_eps)
+        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, layer.w_down)
 
     def _layer(
         self,
@@ -174,45 +227,20 @@ class Decoder:
         batch: int,
         q_len: int,
         kv: tuple[torch.Tensor, torch.Tensor] | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """One decoder layer over `batch * q_len` tokens; `kv` None means a prefill attending to itself."""
-        s = self.shape
-        n = residual.shape[0]
-        h = F.rms_norm(attn_in, (attn_in.shape[-1],), layer.norm_attn, s.rms_eps)
-        qkv = F.linear(h, layer.wqkv)
-        qk_width = (s.heads + s.kv_heads) * s.head_dim
-        start = 0 if kv is None else self.context - q_len
-        qk = self._rope(qkv[:, :qk_width].view(batch, q_len, s.heads + s.kv_heads, s.head_dim), start)
-        group = s.heads // s.kv_heads
-        k = qk[:, :, s.heads :].transpose(1, 2)
-        v = qkv[:, qk_width:].view(batch, q_len, s.kv_heads, s.head_dim).transpose(1, 2)
-        if kv is None:
-            # Prefill: causal over its own tokens; KV heads repeated for the query heads that share them.
-            q = qk[:, :, : s.heads].transpose(1, 2)
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(n, -1)
-        else:
-            k_all, v_all = kv[0][:batch], kv[1][:batch]
-            k_all[:, :, start:] = k
-            v_all[:, :, start:] = v
-            # Decode: the query heads sharing a KV head are folded into its query rows (as decode
-            # kernels do), so attention runs per KV head and any SDPA backend reads the cache once.
-            q = qk[:, :, : s.heads].reshape(batch, q_len, s.kv_heads, group, s.head_dim)
-            q = q.permute(0, 2, 3, 1, 4).reshape(batch, s.kv_heads, group * q_len, s.head_dim)
-            out = F.scaled_dot_product_attention(q, k_all, v_all)
-            out = out.view(batch, s.kv_heads, group, q_len, s.head_dim).permute(0, 3, 1, 2, 4).reshape(n, -1)
-        x = residual + F.linear(out, layer.wo)
-        h = F.rms_norm(x, (s.hidden,), layer.norm_mlp, s.rms_eps)
-        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.w_down)
+        """One decoder layer over `batch * q_len` tokens."""
+        q, k, v = self._project_fn(layer, attn_in, batch, q_len, rope)
+        return self._finish_fn(layer, residual, self._attend(q, k, v, kv))
 
     def _target(self, tokens: torch.Tensor, batch: int, q_len: int, cached: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Target forward: (hidden states of every token, the fused features of the feature layers)."""
         x = self.embed[tokens]
         features = []
+        rope = self._rope_tables(self.context - q_len if cached else 0, q_len)
         for i, layer in enumerate(self.layers):
             kv = (self.k_cache[i], self.v_cache[i]) if cached else None
-            x = self._layer(layer, x, x, batch, q_len, kv)
+            x = self._layer(layer, x, x, batch, q_len, kv, rope)
             features.extend([x] * self.feature_layers.count(i))
         return x, torch.cat(features, dim=-1)
 
@@ -222,7 +250,8 @@ class Decoder:
     def _draft(self, tokens: torch.Tensor, hidden: torch.Tensor, batch: int, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass of the draft head: (its hidden states, its greedy next tokens)."""
         attn_in = torch.cat((self.embed[tokens], hidden), dim=-1)
-        hidden = self._layer(self.draft_layer, hidden, attn_in, batch, q_len, (self.draft_k, self.draft_v))
+        rope = self._rope_tables(self.context - q_len, q_len)
+        hidden = self._layer(self.draft_layer, hidden, attn_in, batch, q_len, (self.draft_k, self.draft_v), rope)
         return hidden, self._logits(hidden, self.draft_lm_head, self.draft_norm).argmax(-1)
 
     def plain_step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -32,12 +32,13 @@ def test_decode_attention_folds_query_groups_exactly() -> None:
     tokens = torch.tensor([3, 5])
     x = decoder.embed[tokens]
     layer = decoder.layers[0]
-    out = decoder._layer(layer, x, x, 2, 1, (decoder.k_cache[0], decoder.v_cache[0]))
+    rope = decoder._rope_tables(7, 1)
+    out = decoder._layer(layer, x, x, 2, 1, (decoder.k_cache[0], decoder.v_cache[0]), rope)
     # Reference: plain multi-head attention with each KV head repeated for its query heads.
     s = shape
     h = torch.nn.functional.rms_norm(x, (s.hidden,), layer.norm_attn, s.rms_eps)
     qkv = torch.nn.functional.linear(h, layer.wqkv)
-    qk = decoder._rope(qkv[:, : (s.heads + s.kv_heads) * s.head_dim].view(2, 1, -1, s.head_dim), 7)
+    qk = decoder._rope(qkv[:, : (s.heads + s.kv_heads) * s.head_dim].view(2, 1, -1, s.head_dim), rope)
     q = qk[:, :, : s.heads].transpose(1, 2)
     group = s.heads // s.kv_heads
     k = decoder.k_cache[0][:2].repeat_interleave(group, dim=1)
