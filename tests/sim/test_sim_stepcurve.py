@@ -81,7 +81,7 @@ def test_adaptive_role_derives_from_tables(tmp_path: Path) -> None:
 
 
 def test_measured_h200_profile_is_the_raw_measurement() -> None:
-    raw = json.loads((REPO_ROOT / "docs/benchmarks/calibration-h200/h200-llama8b.json").read_text())
+    raw = json.loads((REPO_ROOT / "docs/benchmarks/calibration-h200/compiled.json").read_text())
     p = load_profile("h200-llama8b")
     for step in raw["steps"]:
         assert p.plain.step_ms(step["batch"]) == pytest.approx(step["plain_ms"], abs=1e-3)
