@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,3 +105,18 @@ def test_sim_serves_a_table_profile_at_its_step_times(sims: SimFactory, tmp_path
     elapsed = time.monotonic() - started
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 20
     assert elapsed >= 20 * 0.040 * 0.95  # 20 steps of the table's 40 ms at B=1; never faster than modelled
+
+
+def test_specgate_sim_names_a_bad_table(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[eagle]\nstep_ms = [[8, 5.0], [4, 6.0]]\n")
+    specgate = Path(sys.executable).parent / "specgate"
+    done = subprocess.run(
+        [str(specgate), "sim", "--role", "eagle", "--port", "0", "--profile-file", str(path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2 and "eagle" in done.stderr and "must increase" in done.stderr
