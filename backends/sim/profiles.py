@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from backends.sim.stepcurve import STEP_MODEL_KEYS, StepCurve, curve_from_keys, without_replaced_model
+from backends.sim.stepcurve import StepCurve, curve_from_keys, without_replaced_model
 
 Role = Literal["plain", "eagle", "adaptive"]
 ROLES: tuple[Role, ...] = ("plain", "eagle", "adaptive")
@@ -216,8 +216,7 @@ def derive_adaptive(eagle: dict[str, Any], plain: dict[str, Any], given: dict[st
 def _best_off_batch(table: dict[str, Any]) -> int | None:
     """First batch size at which the off-mode step gives each request tokens at least as fast as drafting."""
     try:
-        (draft_key, draft_line), (plain_key, plain_line) = STEP_MODEL_KEYS
-        drafting, off = curve_from_keys(table, draft_key, draft_line), curve_from_keys(table, plain_key, plain_line)
+        drafting, off = curve_from_keys(table), curve_from_keys(table, "plain_")
         tau, overhead, cap = float(table.get("tau", 1.0)), float(table["off_overhead"]), int(table["max_running_requests"])
     except (KeyError, TypeError, ValueError):
         return None  # validation of the table reports the missing or malformed key

@@ -15,12 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The two forms of a step-time model in a table, each as (its table key, its line keys): a role
-# table's own, and the adaptive table's fallback to plain decode.
-STEP_MODEL_KEYS: tuple[tuple[str, tuple[str, str]], ...] = (
-    ("step_ms", ("t0_ms", "per_request_ms")),
-    ("plain_step_ms", ("plain_t0_ms", "plain_per_request_ms")),
-)
+# Key prefixes of the step-time models a table can hold: a role table's own (`step_ms`, or `t0_ms`
+# and `per_request_ms`), and the adaptive table's fallback to plain decode (`plain_step_ms`, ...).
+MODEL_PREFIXES = ("", "plain_")
 
 
 @dataclass(frozen=True)
@@ -70,9 +67,9 @@ class StepCurve:
         return max(ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0), self.floor_ms)
 
 
-def curve_from_keys(table: dict[str, Any], table_key: str, line_keys: tuple[str, str]) -> StepCurve:
-    """The curve described by the raw (unvalidated) keys of a profile table."""
-    return StepCurve.of(table.get(line_keys[0]), table.get(line_keys[1]), table.get(table_key))
+def curve_from_keys(table: dict[str, Any], prefix: str = "") -> StepCurve:
+    """The curve described by the raw (unvalidated) keys of a profile table, under a key prefix."""
+    return StepCurve.of(table.get(f"{prefix}t0_ms"), table.get(f"{prefix}per_request_ms"), table.get(f"{prefix}step_ms"))
 
 
 def without_replaced_model(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +80,8 @@ def without_replaced_model(base: dict[str, Any], override: dict[str, Any]) -> di
     `t0_ms` and `per_request_ms`, and either of those drops the base's `step_ms`.
     """
     out = dict(base)
-    for table_key, line_keys in STEP_MODEL_KEYS:
+    for prefix in MODEL_PREFIXES:
+        table_key, line_keys = f"{prefix}step_ms", (f"{prefix}t0_ms", f"{prefix}per_request_ms")
         if table_key in override:
             for key in line_keys:
                 out.pop(key, None)
