@@ -48,22 +48,29 @@ class StepPoint:
 
 
 class StepTimer:
-    """Times a step function: a CUDA graph replayed under device events, or eager calls on the CPU."""
+    """Times a step function: captured in a CUDA graph and replayed under device events, or (on a CPU,
+    or for steps of few large kernels) called eagerly under the host clock."""
 
-    def __init__(self, device: torch.device, warmup: int, repeats: int) -> None:
+    def __init__(self, device: torch.device, warmup: int, repeats: int, graphs: bool) -> None:
         self.device = device
         self.warmup = warmup
         self.repeats = repeats
+        self.graphs = graphs and device.type == "cuda"
+
+    def _eager(self, step: Callable[[], object]) -> None:
+        step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
 
     def samples_ms(self, step: Callable[[], object]) -> list[float]:
         """Duration of each of `repeats` runs of `step`, ms, after `warmup` untimed runs."""
-        if self.device.type != "cuda":
+        if not self.graphs:
             for _ in range(self.warmup):
-                step()
+                self._eager(step)
             out = []
             for _ in range(self.repeats):
                 start = time.perf_counter()
-                step()
+                self._eager(step)
                 out.append((time.perf_counter() - start) * 1000.0)
             return out
         side = torch.cuda.Stream()
@@ -108,17 +115,11 @@ def measure_steps(decoder: Decoder, batches: tuple[int, ...], drafts: int, timer
 
 def measure_prefill(decoder: Decoder, lengths: tuple[int, int], timer: StepTimer) -> dict[int, float]:
     """Median time of a one-prompt prefill at each prompt length, ms (eager: prefill is few large kernels)."""
-    eager = StepTimer(torch.device("cpu"), timer.warmup, max(3, timer.repeats // 10))
+    eager = StepTimer(decoder.device, timer.warmup, max(3, timer.repeats // 10), graphs=False)
     out = {}
     for length in lengths:
         tokens = torch.randint(0, decoder.shape.vocab, (length,), device=decoder.device)
-
-        def run() -> None:
-            decoder.prefill(tokens)
-            if decoder.device.type == "cuda":
-                torch.cuda.synchronize()
-
-        out[length] = statistics.median(eager.samples_ms(run))
+        out[length] = statistics.median(eager.samples_ms(lambda: decoder.prefill(tokens)))
         print(f"prefill {length:6d} tokens  {out[length]:8.3f} ms", flush=True)
     return out
 
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         dtype=dtype,
         compile_layers=args.compile,
     )
-    timer = StepTimer(device, args.warmup, args.repeats)
+    timer = StepTimer(device, args.warmup, args.repeats, graphs=True)
     with torch.inference_mode():
         points = measure_steps(decoder, batches, args.drafts, timer)
         prefill = measure_prefill(decoder, (lengths[0], lengths[1]), timer)
