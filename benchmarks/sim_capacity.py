@@ -194,6 +194,9 @@ DEFAULT_SCENARIOS = (
     Scenario("llama8b-h100", "plain", 256, 256, 8.0, time_scale=0.5),
     Scenario("llama8b-h100", "plain", 256, 256, 8.0, time_scale=0.35),
     Scenario("llama8b-h100", "plain", 256, 256, 8.0, time_scale=0.25),
+    # A measured step-time table (piecewise-linear) rather than a straight line.
+    Scenario("h200-llama8b", "eagle", 48, 256, 15.0),
+    Scenario("h200-llama8b", "plain", 256, 256, 10.0),
 )
 
 

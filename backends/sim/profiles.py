@@ -22,9 +22,11 @@ import copy
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from backends.sim.stepcurve import StepCurve, curve_from_keys, without_replaced_model
 
 from backends.memory import ModelMemory, kv_budget_gb, kv_bytes_per_token
 
@@ -43,21 +45,34 @@ class _Table(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RoleProfile(_Table):
-    """Step-time model of one server: a step takes `t0_ms + per_request_ms * B` for B running requests."""
+# One measured point of a step-time table: [running requests, ms per decode step].
+StepPoint = tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]
 
-    t0_ms: float = Field(gt=0, description="fixed cost of one decode step, ms")
-    per_request_ms: float = Field(ge=0, description="added step cost per running request, ms")
+
+class RoleProfile(_Table):
+    """Step-time model of one server: a step with B running requests takes `t0_ms + per_request_ms * B`,
+    or follows the measured table `step_ms` (see `backends.sim.stepcurve`); `step_ms(B)` reads either."""
+
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
+
+    t0_ms: float | None = Field(default=None, gt=0, description="fixed cost of one decode step, ms")
+    per_request_ms: float | None = Field(default=None, ge=0, description="added step cost per running request, ms")
+    step_table: tuple[StepPoint, ...] | None = Field(
+        default=None, alias="step_ms", description="[[B, ms], ...] measured step times, instead of t0_ms/per_request_ms"
+    )
     tau: float = Field(default=1.0, ge=1.0, description="mean tokens per request per step (acceptance length)")
     num_draft_tokens: int = Field(default=1, ge=1, description="most tokens one request can gain in one step")
     max_running_requests: int = Field(ge=1)
     prefill_ms_per_token: float = Field(ge=0, description="prefill cost per prompt token, charged to the joining step")
     max_total_tokens: int = Field(ge=1, description="KV cache capacity in tokens")
 
+    _curve: StepCurve = PrivateAttr()
+
     @model_validator(mode="after")
-    def _tau_within_draft(self) -> RoleProfile:
+    def _check(self) -> RoleProfile:
         if self.tau > self.num_draft_tokens:
             raise ValueError(f"tau ({self.tau}) cannot exceed num_draft_tokens ({self.num_draft_tokens})")
+        self._curve = StepCurve.of(self.t0_ms, self.per_request_ms, self.step_table)
         return self
 
     @property
@@ -66,8 +81,11 @@ class RoleProfile(_Table):
         return self.num_draft_tokens > 1
 
     def step_ms(self, batch: int) -> float:
-        """Modelled duration of one decode step with `batch` running requests (prefill excluded), ms."""
-        return self.t0_ms + self.per_request_ms * batch
+        """Modelled duration of one decode step with `batch` running requests (prefill excluded), ms.
+
+        The one reader of the step-time model: everything that needs a step's duration calls this.
+        """
+        return self._curve.at(batch)
 
     def tokens_per_step(self, batch: int) -> float:
         """Mean tokens one running request gains per step at this batch size."""
@@ -81,12 +99,21 @@ class RoleProfile(_Table):
 class AdaptiveProfile(RoleProfile):
     """An EAGLE server that stops drafting at `adaptive_off_batch` running requests but keeps its cost."""
 
-    plain_t0_ms: float = Field(gt=0, description="t0 of the plain decode step the server falls back to, ms")
-    plain_per_request_ms: float = Field(ge=0)
+    plain_t0_ms: float | None = Field(default=None, gt=0, description="t0 of the plain decode step it falls back to, ms")
+    plain_per_request_ms: float | None = Field(default=None, ge=0)
+    plain_step_table: tuple[StepPoint, ...] | None = Field(
+        default=None, alias="plain_step_ms", description="the plain step as a table, instead of the two keys above"
+    )
     off_overhead: float = Field(
         default=DEFAULT_OFF_OVERHEAD, ge=0, description="draft cost when off, fraction of the plain step"
     )
     adaptive_off_batch: int = Field(ge=1, description="running batch size from which the server stops drafting")
+    _plain_curve: StepCurve = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _check_plain(self) -> AdaptiveProfile:
+        self._plain_curve = StepCurve.of(self.plain_t0_ms, self.plain_per_request_ms, self.plain_step_table)
+        return self
 
     def is_speculating(self, batch: int) -> bool:
         return batch < self.adaptive_off_batch
@@ -94,7 +121,7 @@ class AdaptiveProfile(RoleProfile):
     def step_ms(self, batch: int) -> float:
         if self.is_speculating(batch):
             return super().step_ms(batch)
-        return (self.plain_t0_ms + self.plain_per_request_ms * batch) * (1.0 + self.off_overhead)
+        return self._plain_curve.at(batch) * (1.0 + self.off_overhead)
 
     def tokens_per_step(self, batch: int) -> float:
         return self.tau if self.is_speculating(batch) else 1.0
@@ -212,15 +239,14 @@ def derive_adaptive(eagle: dict[str, Any], plain: dict[str, Any], given: dict[st
     raised to the plain server's (as an operator would, else SGLang's cap of 48 applies), and it stops
     drafting exactly where drafting stops paying even after the off-mode overhead.
     """
-    table: dict[str, Any] = {
-        key: eagle[key]
-        for key in ("t0_ms", "per_request_ms", "tau", "num_draft_tokens", "prefill_ms_per_token", "max_total_tokens")
-        if key in eagle
-    }
-    table["plain_t0_ms"] = plain.get("t0_ms")
-    table["plain_per_request_ms"] = plain.get("per_request_ms")
+    copied = ("t0_ms", "per_request_ms", "step_ms", "tau", "num_draft_tokens", "prefill_ms_per_token", "max_total_tokens")
+    table: dict[str, Any] = {key: eagle[key] for key in copied if key in eagle}
+    for key in ("t0_ms", "per_request_ms", "step_ms"):
+        if key in plain:
+            table[f"plain_{key}"] = plain[key]
     table["max_running_requests"] = plain.get("max_running_requests")
     table["off_overhead"] = DEFAULT_OFF_OVERHEAD
+    table = without_replaced_model(table, given)
     table.update(given)
     if "adaptive_off_batch" not in given:
         table["adaptive_off_batch"] = _best_off_batch(table)
@@ -230,13 +256,12 @@ def derive_adaptive(eagle: dict[str, Any], plain: dict[str, Any], given: dict[st
 def _best_off_batch(table: dict[str, Any]) -> int | None:
     """First batch size at which the off-mode step gives each request tokens at least as fast as drafting."""
     try:
-        t0e, ae, tau = float(table["t0_ms"]), float(table["per_request_ms"]), float(table.get("tau", 1.0))
-        t0p, ap = float(table["plain_t0_ms"]), float(table["plain_per_request_ms"])
-        overhead, cap = float(table["off_overhead"]), int(table["max_running_requests"])
+        drafting, off = curve_from_keys(table), curve_from_keys(table, "plain_")
+        tau, overhead, cap = float(table.get("tau", 1.0)), float(table["off_overhead"]), int(table["max_running_requests"])
     except (KeyError, TypeError, ValueError):
         return None  # validation of the table reports the missing or malformed key
     for batch in range(1, cap + 1):
-        if tau * (t0p + ap * batch) * (1.0 + overhead) <= t0e + ae * batch:
+        if tau * off.at(batch) * (1.0 + overhead) <= drafting.at(batch):
             return batch
     return cap + 1  # drafting pays at every batch the server can run: it never switches off
 
@@ -321,12 +346,17 @@ _LLAMA8B_H100: dict[str, Any] = {
     },
 }
 
-BUILTIN_PROFILES: dict[str, dict[str, Any]] = {p["name"]: p for p in (_FIELD_8GPU, _LLAMA8B_H100)}
+# Measured on one H200 by `python -m benchmarks.calibrate.gpu` (docs/benchmarks/calibration-h200/).
+_H200_LLAMA8B: dict[str, Any] = tomllib.loads(
+    (Path(__file__).parent / "measured" / "h200-llama8b.toml").read_text(encoding="utf-8")
+)
+
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {p["name"]: p for p in (_FIELD_8GPU, _LLAMA8B_H100, _H200_LLAMA8B)}
 DEFAULT_PROFILE = "field-8gpu"
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
+    out = copy.deepcopy(without_replaced_model(base, override))
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)

@@ -101,7 +101,7 @@ def test_bad_profile_files_name_the_problem(tmp_path: Path, content: str, needle
 
 
 def test_unknown_profile_name() -> None:
-    with pytest.raises(ProfileError, match="built-in profiles are field-8gpu, llama8b-h100"):
+    with pytest.raises(ProfileError, match="built-in profiles are field-8gpu, h200-llama8b, llama8b-h100"):
         load_profile("nope")
 
 
