@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 
-from benchmarks.calibrate.llama import LlamaShape
+from benchmarks.calibrate.shape import LlamaShape
 
 # A chat request without max_tokens ends here in the simulator (the built-in profiles' value).
 DEFAULT_MAX_TOKENS = 256

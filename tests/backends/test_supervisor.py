@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from backends.config import LaunchConfig
-from backends.plan import LaunchPlan, build_plan
+from backends.plan import LaunchPlan, ProcessSpec, build_plan
 from backends.process import Child
 from backends.supervisor import Supervisor, SupervisorError
 

@@ -11,13 +11,12 @@ import pytest
 from backends.sim.profiles import load_profile
 from benchmarks.calibrate import fit
 from benchmarks.calibrate.profile_file import profile_toml
+from benchmarks.calibrate.shape import LlamaShape
 
 CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "calibrate" / "configs"
 
 
 def test_llama_8b_config_gives_its_known_size() -> None:
-    from benchmarks.calibrate.llama import LlamaShape
-
     shape = LlamaShape.from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
     assert shape.target_params() == 8_030_261_248  # Llama-3.1-8B's published parameter count
     assert shape.kv_bytes_per_token(shape.layers) == 128 * 1024 and shape.eos_token_id == 128009
@@ -25,7 +24,7 @@ def test_llama_8b_config_gives_its_known_size() -> None:
 
 def test_decode_attention_folds_query_groups_exactly() -> None:
     torch = pytest.importorskip("torch")
-    from benchmarks.calibrate.llama import Decoder, LlamaShape
+    from benchmarks.calibrate.llama import Decoder
 
     shape = LlamaShape.from_config(json.loads((CONFIGS / "tiny.json").read_text()))
     decoder = Decoder(shape, context=8, max_batch=2, draft_vocab=64, device=torch.device("cpu"), dtype=torch.float64)
