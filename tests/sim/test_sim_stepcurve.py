@@ -13,7 +13,7 @@ import pytest
 
 from backends.sim.profiles import ProfileError, load_profile
 from backends.sim.stepcurve import StepCurve
-from tests.simproc import SimFactory
+from backends.testbed import SimFactory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
