@@ -10,27 +10,30 @@ import importlib
 
 import click
 
-# name -> "module:attribute" of the click command.
-COMMANDS = {
-    "sweep": "loadtest.sweep_cli:sweep",
-    "envelope": "loadtest.envelope.cli:envelope",
-}
-
 
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands (`commands_by_name`: name -> "module:attribute") are imported on first use.
+
+    The `specgate` command uses it too.
+    """
+
+    commands_by_name: dict[str, str] = {}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(self.commands_by_name)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMANDS:
+        if cmd_name not in self.commands_by_name:
             return None
-        module, _, attribute = COMMANDS[cmd_name].partition(":")
+        module, _, attribute = self.commands_by_name[cmd_name].partition(":")
         command: click.Command = getattr(importlib.import_module(module), attribute)
         return command
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(LazyGroup):
+    commands_by_name = {"sweep": "loadtest.sweep_cli:sweep", "envelope": "loadtest.envelope.cli:envelope"}
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Concurrency sweeps of OpenAI-compatible servers, with reports and plots."""
