@@ -21,6 +21,6 @@ def deploy_copy(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "deploy", tmp_path / "deploy")
     for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, tmp_path / name)
-    for package in ("gateway", "backends", "loadtest"):
+    for package in ("specgate", "gateway", "backends", "loadtest", "tokencount"):
         (tmp_path / package).mkdir()
     return tmp_path
