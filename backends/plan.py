@@ -150,15 +150,9 @@ def _sglang_process(launch: LaunchConfig, server: ResolvedServer, *, start_after
 
 
 def _sim_processes(launch: LaunchConfig, groups: tuple[ResolvedGroup, ...]) -> tuple[ProcessSpec, ...]:
-    common = SimCommon(
-        profile=launch.profile,
-        profile_file=launch.profile_file,
-        time_scale=launch.time_scale,
-        seed=launch.seed,
-        startup_delay=launch.startup_delay,
-        served_model_name=launch.served_model_name,
-        api_key=backend_api_key(launch),
-    )
+    # SimCommon's fields are the `[launch]` keys of the same names, plus the backend key.
+    launch_keys = ("profile", "profile_file", "time_scale", "seed", "startup_delay", "served_model_name")
+    common = SimCommon(**{key: getattr(launch, key) for key in launch_keys}, api_key=backend_api_key(launch))
     if not any(g.colocated for g in groups):
         return tuple(
             ProcessSpec(
