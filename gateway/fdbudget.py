@@ -26,11 +26,9 @@ class DescriptorBudget:
     reserve: int  # descriptors kept for everything but proxied requests
     capacity: int  # requests that may be in flight before the process would run out
 
-    def admits(self, inflight: int, client_connections: int) -> bool:
-        """True when one more request fits: its upstream socket plus every open client socket, inside the reserve."""
-        if inflight >= self.capacity:
-            return False
-        return client_connections + inflight + 1 + self.reserve <= self.soft_limit
+    def admits(self, sockets_open: int) -> bool:
+        """True when one more upstream socket fits beside the `sockets_open` (client and upstream) and the reserve."""
+        return sockets_open + 1 + self.reserve <= self.soft_limit
 
     def describe(self, max_inflight: int) -> dict[str, int]:
         """The budget for /admin/status."""

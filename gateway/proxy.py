@@ -145,7 +145,7 @@ class ProxyResponse(Response):
             raise OpenAIError(
                 429, "too many requests in flight, retry shortly", code="overloaded", headers={"Retry-After": "1"}
             )
-        if not rt.budget.admits(inflight, len(rt.client_connections)):
+        if not rt.budget.admits(rt.sockets_open()):
             # Closing this client's connection gives its descriptor back at once.
             rt.metrics.local_errors.labels("descriptors").inc()
             raise OpenAIError(

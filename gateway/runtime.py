@@ -77,6 +77,10 @@ class Runtime:
         """Requests admitted at once: `limits.max_inflight`, or fewer when the open-file limit says so."""
         return min(self.settings.limits.max_inflight, self.budget.capacity)
 
+    def sockets_open(self) -> int:
+        """Client connections plus upstream connections (in use or idle): the descriptors requests hold."""
+        return len(self.client_connections) + sum(u.open_connections for u in self.upstreams.values())
+
     def interrupt_requests(self) -> None:
         """End every proxied request still in progress, each with an error its client can see."""
         for task in list(self.requests):

@@ -70,6 +70,18 @@ class UpstreamClient:
         return self._session
 
     @property
+    def open_connections(self) -> int:
+        """Sockets this client holds open (in use and idle, both pools): descriptors it owns."""
+        total = 0
+        for session in (self._session, self._management):
+            connector = session.connector if session is not None else None
+            if connector is not None:
+                # aiohttp has no public count; `_acquired` holds connections in use, `_conns` idle ones.
+                total += len(getattr(connector, "_acquired", ()))
+                total += sum(len(idle) for idle in getattr(connector, "_conns", {}).values())
+        return total
+
+    @property
     def pool_full(self) -> bool:
         """True while every connection the generation pool may hold is in use."""
         connector = self.session.connector

@@ -116,5 +116,8 @@ async def test_at_a_hard_limit_of_1024_the_gateway_refuses_cleanly_and_keeps_the
         assert completed, "the gateway served nothing under its limit"
         assert polled and all(state == "ready" for states in polled for state in states.values()), polled
         assert _transitions(stack.gw.text()) == []
+        # Refused before running out: no connect failed for want of a descriptor.
+        assert await stack.metric("specgate_local_errors_total", kind="emfile") == 0
+        assert await stack.metric("specgate_local_errors_total", kind="descriptors") > 0
         assert "allows" in stack.gw.text() and "limits.max_inflight" in stack.gw.text()
         assert await until(lambda: _idle(stack), 10, "in-flight back to 0")
