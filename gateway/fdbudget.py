@@ -55,6 +55,14 @@ def current_budget(reserve: int) -> DescriptorBudget:
     return plan_budget(NofileLimit(soft_before=soft, soft=soft, hard=hard), reserve)
 
 
+def hard_limit_warning(max_inflight: int, reserve: int = 64) -> str | None:
+    """`inflight_cap_warning` for this host's hard open-file limit (what `specgate serve` raises to)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return None
+    return inflight_cap_warning(hard, reserve, max_inflight)
+
+
 def inflight_cap_warning(soft_limit: int, reserve: int, max_inflight: int) -> str | None:
     """A warning when an open-file limit of `soft_limit` caps `max_inflight`; None when it does not.
 

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from backends.fdlimit import NofileLimit
-from gateway.fdbudget import DESCRIPTORS_PER_REQUEST, inflight_cap_warning, plan_budget
+from gateway.fdbudget import DESCRIPTORS_PER_REQUEST, hard_limit_warning, inflight_cap_warning, plan_budget
 from gateway.local_errors import LocalResourceError, local_kind
 
 _KEY = SimpleNamespace(host="127.0.0.1", port=1, ssl=None)
@@ -70,3 +70,11 @@ def test_start_up_raises_the_soft_limit_to_the_hard_one() -> None:
     code = "from backends.fdlimit import raise_nofile_limit as r; l = r(); print(l.soft_before, l.soft)"
     out = subprocess.run(["prlimit", "--nofile=256:2048", "--", sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["256", "2048"]
+
+
+def test_the_plan_warning_reads_the_hard_limit() -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        assert hard_limit_warning(10**9) is None
+    else:
+        assert hard_limit_warning(hard) is not None and hard_limit_warning(1) is None
