@@ -128,15 +128,18 @@ def start_sim(
     timeout: float = 20.0,
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
+    nofile: tuple[int, int] | None = None,
 ) -> SimHandle:
     """Start `python -m backends.sim *args`; return once it listens (and, with `wait_ready`, /ready is 200).
 
     Its output goes to `log_path`, or to a temporary file that `SimHandle.discard` removes.
+    `nofile` (soft, hard) starts it under that open-file limit (with util-linux `prlimit`).
     """
     argv = _with_ports(args)
+    limit = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", "--"] if nofile is not None else []
     child = Child(
         "sim",
-        [sys.executable, "-m", "backends.sim", *argv],
+        [*limit, sys.executable, "-m", "backends.sim", *argv],
         env={**_UNBUFFERED, **(env or {})},
         log_path=log_path or _temp_log("sim-"),
     )

@@ -12,12 +12,13 @@ import asyncio
 import os
 import resource
 import shutil
+from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
 
-from backends.testbed import SimFactory
+from backends.testbed import SimFactory, start_sim
 from tests.reliability.stack import Outcome, Stack, exchange, running_stack, until
 
 pytestmark = [
@@ -121,3 +122,18 @@ async def test_at_a_hard_limit_of_1024_the_gateway_refuses_cleanly_and_keeps_the
         assert await stack.metric("specgate_local_errors_total", kind="descriptors") > 0
         assert "allows" in stack.gw.text() and "limits.max_inflight" in stack.gw.text()
         assert await until(lambda: _idle(stack), 10, "in-flight back to 0")
+
+
+def _soft_nofile(pid: int) -> int:
+    line = next(row for row in Path(f"/proc/{pid}/limits").read_text().splitlines() if row.startswith("Max open files"))
+    return int(line.split()[3])
+
+
+@pytest.mark.skipif(_HARD != resource.RLIM_INFINITY and _HARD < 8192, reason="needs a hard open-file limit >= 8192")
+def test_the_simulator_raises_its_own_limit_as_sglang_does() -> None:
+    hard = 20000 if _HARD == resource.RLIM_INFINITY else min(_HARD, 65536)
+    sim = start_sim("--role", "plain", nofile=(1024, hard))
+    try:
+        assert _soft_nofile(sim.pid) == hard
+    finally:
+        sim.discard()
