@@ -128,15 +128,18 @@ def start_sim(
     timeout: float = 20.0,
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
+    nofile: tuple[int, int] | None = None,
 ) -> SimHandle:
     """Start `python -m backends.sim *args`; return once it listens (and, with `wait_ready`, /ready is 200).
 
     Its output goes to `log_path`, or to a temporary file that `SimHandle.discard` removes.
+    `nofile` (soft, hard) starts it under that open-file limit (with util-linux `prlimit`).
     """
     argv = _with_ports(args)
+    limit = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", "--"] if nofile is not None else []
     child = Child(
         "sim",
-        [sys.executable, "-m", "backends.sim", *argv],
+        [*limit, sys.executable, "-m", "backends.sim", *argv],
         env={**_UNBUFFERED, **(env or {})},
         log_path=log_path or _temp_log("sim-"),
     )
@@ -237,10 +240,20 @@ class GatewayProcess:
 
 
 def start_gateway(
-    *args: str, config: Path | None = None, env: dict[str, str] | None = None, timeout: float = 90.0
+    *args: str,
+    config: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 90.0,
+    nofile: tuple[int, int] | None = None,
 ) -> GatewayProcess:
-    """Start `specgate serve --port 0 ...` and return once it prints its 'serving on' line."""
+    """Start `specgate serve --port 0 ...` and return once it prints its 'serving on' line.
+
+    `nofile` (soft, hard) starts it under that open-file limit (with util-linux `prlimit`), as a
+    host with a low default would.
+    """
     argv = [sys.executable, "-m", "gateway", "serve", "--port", "0", *args]
+    if nofile is not None:
+        argv = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", "--", *argv]
     if config is not None:
         argv += ["--config", str(config)]
     child = Child("gateway", argv, env={**_UNBUFFERED, **(env or {})}, log_path=_temp_log("specgate-serve-"))

@@ -114,6 +114,12 @@ class HealthConfig(_Section):
     ready_timeout: float = 2.0
     health_interval: float = 30.0
     health_timeout: float = Field(default=25.0, description="SGLang's own /health gives up after 20 s")
+    max_consecutive_failures: int = Field(
+        default=3,
+        ge=1,
+        description="refused or reset connections on real traffic in a row that take a backend out "
+        "even while its probe still passes (a single one is only confirmed by a probe)",
+    )
 
 
 class SecurityConfig(_Section):
@@ -129,6 +135,12 @@ class LimitsConfig(_Section):
         default=64 * 1024, ge=1024, description="request line plus headers; larger heads get 431"
     )
     max_inflight: int = Field(default=4096, ge=1, description="beyond this, 429 with Retry-After")
+    fd_reserve: int = Field(
+        default=64,
+        ge=8,
+        description="open files kept for everything but proxied requests (listening socket, logs, probes, "
+        "metrics); the rest of the open-file limit, two per request, caps the requests in flight",
+    )
 
 
 class Settings(BaseSettings):

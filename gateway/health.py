@@ -4,6 +4,12 @@ SGLang's `/ready` is cheap (no GPU work), so it is polled every second; `/health
 generation and takes at least a second, so it is polled rarely, and always for a backend that timed
 out on real traffic (a hung server can still answer `/ready`). Requests that fail to connect
 report it here at once, so routing does not wait for the next poll.
+
+The rule for taking a backend out is evidence about the backend: a probe that cannot connect, a
+refused or reset connection on real traffic that a probe run at once confirms, or
+`max_consecutive_failures` such failures in a row; one passing probe puts it back. Failures of the
+gateway's own resources (out of descriptors, ports, buffers; see `gateway.local_errors`) are no
+evidence and leave the state as it is.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import aiohttp
 
 from gateway.config import HealthConfig
+from gateway.local_errors import local_kind
 from gateway.pool import Backend, Health, Pool
 from gateway.upstream import UpstreamClient
 
@@ -30,6 +37,8 @@ class HealthChecker:
         self._tasks: list[asyncio.Task[None]] = []
         # One per backend from the start, so a report before `start` (or after `stop`) is still recorded.
         self._wake = {backend.name: asyncio.Event() for backend in pool}
+        self._failures = {backend.name: 0 for backend in pool}  # refused/reset connections in a row
+        self._confirming: dict[str, asyncio.Task[None]] = {}  # one confirming probe per backend at a time
 
     def start(self) -> None:
         """Start one polling task per backend."""
@@ -38,14 +47,18 @@ class HealthChecker:
 
     async def stop(self) -> None:
         """Stop polling."""
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._confirming.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._confirming.clear()
 
     def set_state(self, backend: Backend, health: Health, detail: str = "") -> None:
         """Record a state, logging transitions."""
         if backend.health is not health:
+            if health is Health.READY:
+                self._failures[backend.name] = 0
             log.info("backend %s: %s -> %s%s", backend.name, backend.health.value, health.value, f" ({detail})" if detail else "")
             backend.health = health
         backend.health_detail = detail
@@ -54,6 +67,30 @@ class HealthChecker:
         """A request could not connect: stop routing there until a probe says it is back."""
         self.set_state(self._pool[name], Health.DOWN, detail)
         self._wake[name].set()
+
+    async def confirm_unreachable(self, name: str, detail: str) -> bool:
+        """A request found `name` refusing or resetting its connection; True when that takes it out.
+
+        It is taken out when a /ready probe run now cannot connect either, or after
+        `max_consecutive_failures` failures in a row (outlier detection); concurrent reports share
+        one probe.
+        """
+        backend = self._pool[name]
+        self._failures[name] += 1
+        if self._failures[name] >= self._config.max_consecutive_failures:
+            self.set_state(backend, Health.DOWN, f"{self._failures[name]} failed connections in a row ({detail})")
+        elif backend.health is Health.READY:
+            probe = self._confirming.get(name)
+            if probe is None or probe.done():
+                probe = asyncio.create_task(self._probe(backend, "/ready", self._config.ready_timeout))
+                self._confirming[name] = probe
+            await asyncio.shield(probe)
+        self._wake[name].set()
+        return not backend.available
+
+    def report_success(self, name: str) -> None:
+        """A request reached `name`: its run of failed connections is over."""
+        self._failures[name] = 0
 
     def report_timeout(self, name: str, detail: str) -> None:
         """A request timed out waiting for the backend: only a passing /health clears this."""
@@ -80,12 +117,15 @@ class HealthChecker:
         upstream = self._upstreams[backend.name]
         try:
             status, _, _ = await upstream.get(path, timeout, auth=False)
-        except TimeoutError:
-            if backend.health is not Health.FAILING:
-                self.set_state(backend, Health.UNREADY, f"{path} timed out")
-            return
-        except (aiohttp.ClientError, OSError) as exc:
-            self.set_state(backend, Health.DOWN, f"{path}: {type(exc).__name__}")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            kind = local_kind(exc)
+            if kind is not None:  # the gateway's own limit, not the backend: keep what we knew
+                log.warning("backend %s: %s probe not sent, the gateway is out of %s", backend.name, path, kind)
+            elif isinstance(exc, TimeoutError):
+                if backend.health is not Health.FAILING:
+                    self.set_state(backend, Health.UNREADY, f"{path} timed out")
+            else:
+                self.set_state(backend, Health.DOWN, f"{path}: {type(exc).__name__}")
             return
         if status != 200:
             if backend.health is not Health.FAILING:

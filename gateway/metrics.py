@@ -55,6 +55,20 @@ class _PoolCollector(Collector):
             )
 
 
+class _BudgetCollector(Collector):
+    def __init__(self, capacity: Callable[[], int], connections: Callable[[], int]) -> None:
+        self._capacity = capacity
+        self._connections = connections
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "specgate_inflight_capacity",
+            "Requests the open-file limit lets the gateway hold at once (two descriptors each, after the reserve)",
+            value=self._capacity(),
+        )
+        yield GaugeMetricFamily("specgate_client_connections", "Open client connections", value=self._connections())
+
+
 class GatewayMetrics:
     """Every metric of one gateway instance, in its own registry."""
 
@@ -89,10 +103,20 @@ class GatewayMetrics:
             registry=r,
         )
         self.restarts = Counter("specgate_backend_restarts", "Backend process restarts", ["backend"], registry=r)
+        self.local_errors = Counter(
+            "specgate_local_errors",
+            "Requests refused for the gateway's own resource limits (descriptors, pool, ports), not a backend's",
+            ["kind"],
+            registry=r,
+        )
 
     def watch(self, pool: Pool, policy_beliefs: Callable[[], dict[str, Any]]) -> None:
         """Export the pool's gauges and the policy's beliefs, read live at scrape time."""
         self.registry.register(_PoolCollector(pool, policy_beliefs))
+
+    def watch_budget(self, capacity: Callable[[], int], connections: Callable[[], int]) -> None:
+        """Export the descriptor budget and the open client connections, read live at scrape time."""
+        self.registry.register(_BudgetCollector(capacity, connections))
 
     def prepare(self, backends: list[str], endpoints: tuple[str, ...]) -> None:
         """Create every per-backend series at zero so dashboards and `rate()` see them from the start."""

@@ -55,6 +55,7 @@ async def admin_status(request: Request) -> dict[str, Any]:
         "policy": rt.policy.describe(),
         "draining": rt.draining,
         "inflight": rt.pool.total_inflight,
+        "limits": {**rt.budget.describe(rt.settings.limits.max_inflight), "client_connections": len(rt.client_connections)},
         "backends": [
             {
                 "name": b.name,

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import OpenAIError, upstream_error
+from gateway.local_errors import local_kind
 from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.relay import DONE, relay_stream
@@ -137,9 +138,21 @@ class ProxyResponse(Response):
         rt, job = self._rt, self._job
         if rt.draining:
             raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
-        if rt.pool.total_inflight >= rt.settings.limits.max_inflight:
+        inflight = rt.pool.total_inflight
+        if inflight >= rt.inflight_limit:
+            if inflight >= rt.budget.capacity:
+                rt.metrics.local_errors.labels("inflight_capacity").inc()
             raise OpenAIError(
                 429, "too many requests in flight, retry shortly", code="overloaded", headers={"Retry-After": "1"}
+            )
+        if not rt.budget.admits(rt.sockets_open()):
+            # Closing this client's connection gives its descriptor back at once.
+            rt.metrics.local_errors.labels("descriptors").inc()
+            raise OpenAIError(
+                429,
+                "the gateway is at its open-file limit, retry shortly",
+                code="overloaded",
+                headers={"Retry-After": "1", "Connection": "close"},
             )
         snapshot = rt.pool.snapshot()
         decision = route(rt.policy, snapshot, job.forced)
@@ -195,10 +208,12 @@ class ProxyResponse(Response):
         while True:
             backend = self._backend
             try:
-                return await rt.upstreams[backend.name].post(job.path, self._encode(backend.served_model_name))
+                resp = await self._post(backend)
+                rt.health.report_success(backend.name)
+                return resp
             except aiohttp.ClientConnectionError as exc:
                 rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
-                rt.health.report_unreachable(backend.name, type(exc).__name__)
+                await rt.health.confirm_unreachable(backend.name, type(exc).__name__)
                 if moved or not self._fail_over(backend.name):
                     raise OpenAIError(
                         502, f"backend {backend.name} is unreachable", code="upstream_unreachable", type="server_error"
@@ -218,6 +233,30 @@ class ProxyResponse(Response):
                 raise OpenAIError(
                     502, f"backend {backend.name} sent an invalid response", code="upstream_bad_response", type="server_error"
                 ) from exc
+
+    async def _post(self, backend: Backend) -> aiohttp.ClientResponse:
+        """POST upstream; a failure of the gateway's own resources becomes a 503 with Retry-After.
+
+        Such a failure leaves the backend's health alone and is not failed over: the other backend
+        is behind the same wall.
+        """
+        rt = self._rt
+        try:
+            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend.served_model_name))
+        except Exception as exc:
+            kind = local_kind(exc)
+            if kind is None:
+                raise
+            rt.metrics.upstream_errors.labels(backend.name, "local_resource").inc()
+            rt.metrics.local_errors.labels(kind).inc()
+            log.warning("request %s not sent to %s: the gateway is out of %s", self._job.request_id, backend.name, kind)
+            raise OpenAIError(
+                503,
+                f"the gateway is out of local resources ({kind}), retry shortly",
+                code="gateway_overloaded",
+                type="server_error",
+                headers={"Retry-After": "1"},
+            ) from exc
 
     async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
         async with asyncio.timeout(self._rt.settings.timeouts.idle):

@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 from gateway.config import BackendConfig, Settings
+from gateway.fdbudget import DescriptorBudget, current_budget
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Policy
@@ -22,8 +23,18 @@ ENDPOINTS = ("chat", "completions")
 class Runtime:
     """One gateway's state; `start`/`stop` bracket its life inside the event loop."""
 
-    def __init__(self, settings: Settings, backends: list[BackendConfig], policy: Policy, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backends: list[BackendConfig],
+        policy: Policy,
+        metrics: GatewayMetrics,
+        budget: DescriptorBudget | None = None,
+    ) -> None:
         self.settings = settings
+        self.budget = budget or current_budget(settings.limits.fd_reserve)
+        # The HTTP server's live client connections (uvicorn's set), once `specgate serve` attaches it.
+        self.client_connections: set[Any] = set()
         self.policy = policy
         self.metrics = metrics
         self.pool = Pool(
@@ -37,7 +48,7 @@ class Runtime:
                 b.url,
                 api_key=b.api_key.get_secret_value() if b.api_key else None,
                 timeouts=settings.timeouts,
-                max_connections=b.max_connections,
+                max_connections=max(min(b.max_connections, self.budget.capacity), 1),
             )
             for b in backends
         }
@@ -47,6 +58,7 @@ class Runtime:
         self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)
+        metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))
 
     async def start(self) -> None:
         """Open upstream connection pools and start health checking."""
@@ -59,6 +71,15 @@ class Runtime:
         await self.health.stop()
         for upstream in self.upstreams.values():
             await upstream.close()
+
+    @property
+    def inflight_limit(self) -> int:
+        """Requests admitted at once: `limits.max_inflight`, or fewer when the open-file limit says so."""
+        return min(self.settings.limits.max_inflight, self.budget.capacity)
+
+    def sockets_open(self) -> int:
+        """Client connections plus upstream connections (in use or idle): the descriptors requests hold."""
+        return len(self.client_connections) + sum(u.open_connections for u in self.upstreams.values())
 
     def interrupt_requests(self) -> None:
         """End every proxied request still in progress, each with an error its client can see."""

@@ -24,12 +24,14 @@ import uvicorn
 import uvloop
 from pydantic import ValidationError
 
+from backends.fdlimit import raise_nofile_limit
 from backends.plan import build_plan
 from backends.resolve import PlanError
 from backends.supervisor import Supervisor, SupervisorError
 from backends.uvicorn_server import UvicornServer as _Server
 from gateway.app import create_app
 from gateway.config import BackendConfig, Settings, load_settings
+from gateway.fdbudget import DescriptorBudget, inflight_cap_warning, plan_budget
 from gateway.http_protocol import GatewayHttpProtocol
 from gateway.metrics import GatewayMetrics
 from gateway.policies import make_policy
@@ -92,8 +94,23 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _descriptor_budget(settings: Settings) -> DescriptorBudget:
+    """Raise the open-file limit to the hard limit, say what it got, and warn when it caps max_inflight."""
+    limit = raise_nofile_limit()
+    budget = plan_budget(limit, settings.limits.fd_reserve)
+    log.info(
+        "open-file limit %d (was %d, hard %s): up to %d requests in flight",
+        limit.soft, limit.soft_before, "unlimited" if limit.hard < 0 else limit.hard, budget.capacity,
+    )
+    warning = inflight_cap_warning(budget.soft_limit, settings.limits.fd_reserve, settings.limits.max_inflight)
+    if warning is not None:
+        log.warning("%s", warning)
+    return budget
+
+
 async def run(settings: Settings) -> None:
     """Run the gateway until a stop signal; every process started here is stopped before returning."""
+    budget = _descriptor_budget(settings)  # before any socket, and before the backends inherit it
     lifecycle = _Lifecycle()
     lifecycle.install()
     policy = make_policy(settings.resolved_policy)
@@ -130,7 +147,7 @@ async def run(settings: Settings) -> None:
                 for ep in process.endpoints
             ]
             await lifecycle.unless_stopped(supervisor.start())
-        runtime = Runtime(settings, backends, policy, metrics)
+        runtime = Runtime(settings, backends, policy, metrics, budget)
         await _serve(settings, runtime, sock, lifecycle, wait_for_backends=supervisor is not None)
     except _Stopped:
         log.info("stopped during startup")
@@ -151,6 +168,7 @@ async def _serve(settings: Settings, runtime: Runtime, sock: socket.socket, life
             timeout_keep_alive=30,
         )
     )
+    runtime.client_connections = server.server_state.connections  # the descriptor budget counts them
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await lifecycle.unless_stopped(_announce(server, runtime, sock, wait_for_backends))

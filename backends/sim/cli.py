@@ -15,6 +15,7 @@ import uvloop
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from backends.fdlimit import raise_nofile_limit
 from backends.resolve import COLOCATED_MEM_SHARE
 from backends.sim.faults import FAULT_KINDS, describe_error, parse_fault
 from backends.sim.layout import LayoutError, plan_layout
@@ -166,6 +167,7 @@ def sim_command(**options: Any) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="[%(asctime)s] %(message)s", stream=sys.stdout, force=True
     )
+    raise_nofile_limit()  # as SGLang does: its sockets are bounded by the hard limit, not the soft default
     command = redacted_command([sys.executable, "-m", "backends.sim", *sys.argv[1:]])
     process = SimProcess(settings, profile, slots, command)
     try:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -83,3 +85,53 @@ async def test_an_unreachable_report_takes_effect_at_once() -> None:
         checker.report_unreachable("b", "ClientConnectorError")
         assert backend.health is Health.DOWN
         await until(lambda: backend.health is Health.READY)  # woken at once, the next probe restores it
+
+
+def _idle_checker(url: str, get: Callable[..., Any] | None = None) -> tuple[Backend, HealthChecker, UpstreamClient]:
+    """A checker that is not polling, its one backend READY: only reports move the state."""
+    backend = Backend("b", url, speculative=False)
+    upstream = UpstreamClient(url, api_key=None, timeouts=TimeoutConfig(), max_connections=4)
+    if get is not None:
+        upstream.get = get  # type: ignore[method-assign]
+    checker = HealthChecker(Pool([backend]), {"b": upstream}, FAST)
+    checker.set_state(backend, Health.READY)
+    backend.model_card = {"id": MODEL}
+    return backend, checker, upstream
+
+
+async def test_a_failed_connection_a_probe_confirms_takes_the_backend_out() -> None:
+    backend, checker, upstream = _idle_checker(refused_url())
+    await upstream.start()
+    try:
+        assert await checker.confirm_unreachable("b", "ClientConnectorError") is True
+        assert backend.health is Health.DOWN
+    finally:
+        await upstream.close()
+
+
+async def test_failures_a_probe_does_not_confirm_take_it_out_only_after_several_in_a_row() -> None:
+    async with serving(FakeBackend()) as fake:
+        backend, checker, upstream = _idle_checker(fake.url)
+        await upstream.start()
+        try:
+            assert not await checker.confirm_unreachable("b", "ServerDisconnectedError")
+            checker.report_success("b")  # a request got through: the run is over
+            for _ in range(FAST.max_consecutive_failures - 1):
+                assert not await checker.confirm_unreachable("b", "ServerDisconnectedError")
+            assert backend.health is Health.READY
+            assert await checker.confirm_unreachable("b", "ServerDisconnectedError")
+            assert backend.health is Health.DOWN and "in a row" in backend.health_detail
+            checker.start()
+            await until(lambda: backend.health is Health.READY)  # one passing probe puts it back
+        finally:
+            await checker.stop()
+            await upstream.close()
+
+
+async def test_a_probe_the_gateway_could_not_send_changes_nothing() -> None:
+    async def out_of_descriptors(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    backend, checker, _ = _idle_checker(refused_url(), get=out_of_descriptors)
+    assert not await checker.confirm_unreachable("b", "ClientConnectorError")
+    assert backend.health is Health.READY

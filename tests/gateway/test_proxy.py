@@ -5,15 +5,21 @@ timeout, failover)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import orjson
 
+from backends.fdlimit import NofileLimit
+
 from gateway.config import Settings
+from gateway.fdbudget import plan_budget
 from gateway.metrics import GatewayMetrics
 from gateway.policies import ThresholdPolicy
 from gateway.policy import Completion, Decision
@@ -205,3 +211,42 @@ async def test_failover_is_tried_once_then_502() -> None:
         assert exchange.headers["x-specgate-backend"] == "plain"
         assert inflight(rt) == {"eagle": 0, "plain": 0}
         assert (rt.pool["eagle"].served, rt.pool["plain"].served) == (1, 1)
+
+
+async def test_a_connect_the_gateway_itself_cannot_make_is_503_and_leaves_the_backend_alone() -> None:
+    async with serving(FakeBackend()) as plain, gateway(refused_url(), plain.url) as rt:
+
+        async def out_of_descriptors(path: str, body: bytes) -> Any:
+            raise aiohttp.ClientConnectorError(SimpleNamespace(host="h", port=1, ssl=None), OSError(errno.EMFILE, "x"))  # type: ignore[arg-type]
+
+        rt.upstreams["eagle"].post = out_of_descriptors  # type: ignore[method-assign]
+        exchange = await call(rt)
+        assert exchange.status == 503 and exchange.headers["retry-after"] == "1"
+        assert exchange.error()["code"] == "gateway_overloaded"
+        assert rt.pool["eagle"].health is Health.READY  # no evidence about the backend
+        assert plain.posts == 0  # not failed over into the same wall
+        assert inflight(rt) == {"eagle": 0, "plain": 0}
+        assert sample(rt, "specgate_local_errors_total", kind="emfile") == 1
+        assert sample(rt, "specgate_upstream_errors_total", backend="eagle", kind="local_resource") == 1
+
+
+async def test_beyond_the_descriptor_budget_requests_get_429_and_their_connection_closed() -> None:
+    async with serving(FakeBackend()) as fake, gateway(fake.url, fake.url) as rt:
+        rt.budget = plan_budget(NofileLimit(soft_before=100, soft=100, hard=100), reserve=64)
+        rt.client_connections = {object() for _ in range(40)}  # 40 + 64 > 100: no room for an upstream socket
+        exchange = await call(rt)
+        assert exchange.status == 429 and exchange.headers["retry-after"] == "1"
+        assert exchange.headers["connection"] == "close"
+        assert fake.posts == 0 and inflight(rt) == {"eagle": 0, "plain": 0}
+        assert sample(rt, "specgate_local_errors_total", kind="descriptors") == 1
+        rt.client_connections = set()
+        assert (await call(rt)).status == 200
+
+
+async def test_the_descriptor_capacity_caps_max_inflight() -> None:
+    async with serving(FakeBackend()) as fake, gateway(fake.url, fake.url) as rt:
+        rt.budget = plan_budget(NofileLimit(soft_before=64, soft=64, hard=64), reserve=64)
+        assert rt.budget.capacity == 0 and rt.inflight_limit == 0
+        exchange = await call(rt)
+        assert exchange.status == 429 and exchange.error()["code"] == "overloaded"
+        assert sample(rt, "specgate_local_errors_total", kind="inflight_capacity") == 1

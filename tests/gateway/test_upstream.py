@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 
 from gateway.config import TimeoutConfig
+from gateway.local_errors import LocalResourceError, local_kind
 from gateway.upstream import UpstreamClient, UpstreamStatusError
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
@@ -69,3 +72,26 @@ async def test_unstarted_or_closed_client_refuses_to_send() -> None:
     await client.close()
     with pytest.raises(RuntimeError):
         await client.get("/x", 1.0)
+
+
+async def test_a_pool_that_stays_full_past_the_connect_timeout_is_a_local_resource_error() -> None:
+    async with serving(FakeBackend(mode="hang")) as fake:
+        timeouts = TimeoutConfig(connect=0.2, first_byte=30)
+        client = UpstreamClient(fake.url, api_key=None, timeouts=timeouts, max_connections=1)
+        await client.start()
+        holder = asyncio.create_task(client.post("/v1/chat/completions", b"{}"))  # holds the only connection
+        try:
+            async with asyncio.timeout(10):
+                while fake.posts == 0:
+                    await asyncio.sleep(0.01)
+            assert client.pool_full and client.open_connections == 1
+            with pytest.raises(LocalResourceError) as caught:
+                await client.post("/v1/chat/completions", b"{}")
+            assert caught.value.kind == "pool_full" and local_kind(caught.value) == "pool_full"
+            # Probes have a pool of their own: a full generation pool does not delay them.
+            status, _, _ = await client.get("/ready", 1.0, auth=False)
+            assert status == 200
+        finally:
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+            await client.close()

@@ -57,6 +57,7 @@ class Outcome:
     error: dict[str, Any] | None = None  # the OpenAI error object (error body or in-stream error event)
     events_after_error: list[bytes] = field(default_factory=list)
     transport_error: str | None = None  # the connection failed: neither a response nor an error
+    retry_after: str | None = None  # the Retry-After header, when the response had one
 
     @property
     def completed(self) -> bool:
@@ -93,6 +94,7 @@ async def exchange(
                 out.headers_at = time.monotonic()
                 out.status = resp.status
                 out.backend = resp.headers.get("x-specgate-backend")
+                out.retry_after = resp.headers.get("Retry-After")
                 if resp.content_type == "text/event-stream":
                     await _read_events(resp, out)
                 else:
@@ -240,11 +242,13 @@ async def running_stack(
     client_key: str | None = None,
     admin_key: str | None = None,
     connections: int = 1024,
+    nofile: tuple[int, int] | None = None,
 ) -> AsyncIterator[Stack]:
     """Start an eagle and a plain sim and a gateway pointed at them; stop all three on exit.
 
     `backend_key` is the sims' `--api-key` (and the gateway's key for them); `client_key` and
-    `admin_key` are what the stack's own helper calls send when the gateway requires keys.
+    `admin_key` are what the stack's own helper calls send when the gateway requires keys; `nofile`
+    (soft, hard) is the gateway's open-file limit.
     """
     args = (*SIM_ARGS, "--time-scale", str(time_scale), *(("--api-key", backend_key) if backend_key else ()))
     eagle = await asyncio.to_thread(sims.start, "--role", "eagle", *args)
@@ -253,7 +257,7 @@ async def running_stack(
         {"name": name, "url": sim.url(), "speculative": name == "eagle", **({"api_key": backend_key} if backend_key else {})}
         for name, sim in (("eagle", eagle), ("plain", plain))
     ]
-    gw = await asyncio.to_thread(start_gateway, env=gateway_env(backends, gateway or {}))
+    gw = await asyncio.to_thread(start_gateway, env=gateway_env(backends, gateway or {}), nofile=nofile)
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=connections), timeout=aiohttp.ClientTimeout(total=120), read_bufsize=1 << 20
     )
