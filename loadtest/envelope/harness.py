@@ -28,7 +28,7 @@ from loadtest.results import Comparison, LevelResult
 from loadtest.slip import SlipProbe
 from loadtest.sweep import Progress, Sweep, SweepSettings, Target
 
-Topology = Literal["partitioned", "colocated"]
+Topology = Literal["partitioned", "colocated", "groups"]
 DIRECT = ("eagle", "plain")
 STARTUP_TIMEOUT = 120.0
 
@@ -133,6 +133,22 @@ class Envelope:
     def comparison(self) -> Comparison:
         """specgate judged against the two servers it routes to (not the colocated `adaptive`)."""
         return Comparison("specgate", DIRECT)
+
+    def describe(self) -> str:
+        """The report's sentence on what the targets are."""
+        adaptive = (
+            ", `adaptive` is one server that speculates only at low batch sizes (SGLang `--speculative-adaptive` style)"
+            if self.stack.topology == "colocated"
+            else ""
+        )
+        return (
+            "Targets: `eagle` and `plain` are the simulated SGLang servers called directly; `specgate` is the gateway "
+            f"in front of those same two servers{adaptive}."
+        )
+
+    def layout(self) -> str:
+        """The title's words for the stack's layout."""
+        return self.stack.topology
 
     async def run(self, command: str) -> tuple[list[LevelResult], dict[str, Any]]:
         """Run the envelope; returns the level results and what the stack looked like."""
