@@ -142,12 +142,15 @@ class FairEnvelope:
 
     def describe(self) -> str:
         """The report's sentence on what the targets are."""
-        k, balancer = self.hardware.groups, "behind a least-in-flight balancer" if self.hardware.groups > 1 else "called directly"
+        k = self.hardware.groups
+        groups, servers = ("1 co-located EAGLE-3 + plain group", "1 server") if k == 1 else (
+            f"{k} co-located EAGLE-3 + plain groups", f"{k} servers")
+        balancer = "behind a least-in-flight balancer" if k > 1 else "called directly"
         return (
-            f"Same hardware, {self.hardware} each way: `specgate` runs {k} co-located EAGLE-3 + plain group(s) "
-            f"behind the gateway; `plain-dp`, `eagle-dp` (running cap {self.eagle_cap}, as specgate's EAGLE servers) "
-            f"and `adaptive-dp` (SGLang `--speculative-adaptive`) run {k} server(s) of one mode, {balancer}. "
-            "Each target runs alone, its servers started before and stopped after its sweep."
+            f"Same hardware, {self.hardware} each way: `specgate` runs {groups} behind the gateway; `plain-dp`, "
+            f"`eagle-dp` (running cap {self.eagle_cap}, as specgate's EAGLE servers) and `adaptive-dp` (SGLang "
+            f"`--speculative-adaptive`) each run {servers} of one mode, {balancer}. Each target runs alone, its "
+            "servers started before and stopped after its sweep."
         )
 
     def layout(self) -> str:
