@@ -206,6 +206,50 @@ def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Pa
             leftover.kill()
 
 
+def test_same_hardware_envelope_interrupted_mid_sweep_stops_the_target_it_runs(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "loadtest", "envelope", "--profile", "llama8b-h100", "--groups", "2",
+            "--gpus-per-group", "1", "--concurrency", "2", "--requests-per-level", "10000", "--output-len", "64",
+            "--input-len", "8", "--time-scale", "1", "--warmup", "0", "--out", str(tmp_path)]
+    child = Child("loadtest", argv, log_path=tmp_path / "loadtest.log")
+    child.start()
+    assert child.proc is not None
+    started: list[psutil.Process] = []
+    try:
+        started = _wait_for_replica_traffic(child.proc)  # plain-dp's sim and its balancer
+        child.proc.send_signal(signal.SIGTERM)
+        assert child.wait_blocking(60) == 128 + int(signal.SIGTERM)
+        assert [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        child.stop_blocking(grace=30)
+        for leftover in started:
+            if leftover.is_running():
+                leftover.kill()
+
+
+def _wait_for_replica_traffic(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The load test's children once its first simulator replica is decoding requests."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        children = psutil.Process(proc.pid).children(recursive=True)
+        for sim in children:
+            try:
+                cmd = sim.cmdline()
+            except psutil.Error:
+                continue
+            if "backends.sim" not in cmd or len(children) < 2:
+                continue
+            port = cmd[cmd.index("--port") + 1]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/loads", timeout=2) as resp:
+                    loads = json.loads(resp.read())["loads"]
+                if sum(entry["num_running_reqs"] for entry in loads) > 0:
+                    return children
+            except (OSError, ValueError, KeyError):
+                pass
+        time.sleep(0.2)
+    raise AssertionError("the envelope never started sending requests")
+
+
 def _ports(config: Path) -> list[int]:
     if not config.exists():
         return []
