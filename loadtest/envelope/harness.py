@@ -23,6 +23,7 @@ import tomli_w
 
 from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready
+from backends.sim_argv import SimCommon, SimServer, sim_argv
 from loadtest.monitor import CpuMeter, descendants
 from loadtest.results import Comparison, LevelResult
 from loadtest.slip import SlipProbe
@@ -97,14 +98,9 @@ def specgate_executable() -> str:
 
 
 def adaptive_argv(stack: StackSettings, port: int) -> list[str]:
-    """The single adaptive-speculation server of the colocated comparison."""
-    argv = [sys.executable, "-m", "backends.sim", "--role", "adaptive", "--host", "127.0.0.1", "--port", str(port)]
-    if stack.profile is not None:
-        argv += ["--profile", stack.profile]
-    if stack.profile_file is not None:
-        argv += ["--profile-file", str(stack.profile_file)]
-    argv += ["--time-scale", f"{stack.time_scale:g}", "--seed", str(stack.seed), "--enable-metrics"]
-    return argv
+    """The single adaptive-speculation server of the colocated comparison (built by the one simulator argv builder)."""
+    common = SimCommon(profile=stack.profile, profile_file=stack.profile_file, time_scale=stack.time_scale, seed=stack.seed)
+    return list(sim_argv(common, SimServer(role="adaptive", host="127.0.0.1", port=port)))
 
 
 class Envelope:
