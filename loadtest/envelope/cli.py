@@ -103,6 +103,10 @@ async def _run_until_signal(envelope: Envelope | FairEnvelope, command: str) -> 
               help="same-hardware: K, the GPU groups (specgate) and data-parallel replicas (baselines)")
 @click.option("--gpus-per-group", type=click.IntRange(min=1), default=None,
               help="same-hardware: G, the GPUs of each group or replica [default: the profile's num_gpus]")
+@click.option("--eagle-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="same-hardware: specgate's EAGLE server's share of its group's GPU memory [default: the launcher's]")
+@click.option("--plain-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="same-hardware: specgate's plain server's share of its group's GPU memory [default: the launcher's]")
 @click.option("--topology", type=click.Choice(["partitioned", "colocated", "groups"]), default=None,
               help="single: the servers' layout [default: partitioned]; same-hardware: colocated for K=1, groups above "
                    "(the default)")
@@ -136,6 +140,8 @@ def envelope(
     compare: str,
     groups: int,
     gpus_per_group: int | None,
+    eagle_mem_fraction: float | None,
+    plain_mem_fraction: float | None,
     topology: str | None,
     policy: str,
     policy_params: tuple[str, ...],
@@ -171,7 +177,7 @@ def envelope(
         model = profile_for(profile, profile_file)
     except ValueError as exc:
         raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
-    hardware = Hardware(groups, gpus_per_group or model.num_gpus)
+    hardware = Hardware(groups, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
     same_hardware = compare == "same-hardware"
     layout = _layout(same_hardware, hardware, topology, model.node_gpus)
     if fixed_scale is None:
@@ -233,8 +239,10 @@ def _layout(same_hardware: bool, hardware: Hardware, topology: str | None, node_
     if not same_hardware:
         if topology == "groups":
             raise click.UsageError("--topology groups needs the same-hardware comparison (drop --compare single)")
-        if hardware.groups != 1:
-            raise click.UsageError("--groups applies to the same-hardware comparison (drop --compare single)")
+        if hardware.groups != 1 or hardware.eagle_mem_fraction or hardware.plain_mem_fraction:
+            raise click.UsageError(
+                "--groups and --eagle/--plain-mem-fraction apply to the same-hardware comparison (drop --compare single)"
+            )
         return "colocated" if topology == "colocated" else "partitioned"
     wanted: Topology = "colocated" if hardware.groups == 1 else "groups"
     if topology is not None and topology != wanted:

@@ -43,10 +43,12 @@ HOST = "127.0.0.1"
 
 @dataclass(frozen=True)
 class Hardware:
-    """K groups of G GPUs each: what every target runs on."""
+    """K groups of G GPUs each: what every target runs on; specgate's memory shares (None: the launcher's)."""
 
     groups: int
     gpus_per_group: int
+    eagle_mem_fraction: float | None = None
+    plain_mem_fraction: float | None = None
 
     def gpu_sets(self) -> list[list[int]]:
         """Each group's GPU ids: [[0..G-1], [G..2G-1], ...]."""
@@ -62,12 +64,17 @@ def specgate_config(stack: StackSettings, hardware: Hardware, port: int) -> dict
     gpus = hardware.gpu_sets()
     launch: dict[str, Any] = {"engine": "sim", "time_scale": stack.time_scale, "seed": stack.seed}
     eagle: dict[str, Any] = {}
+    plain: dict[str, Any] = {}
     if stack.eagle_max_running_requests:
         eagle["max_running_requests"] = stack.eagle_max_running_requests
+    if hardware.eagle_mem_fraction is not None:
+        eagle["mem_fraction_static"] = hardware.eagle_mem_fraction
+    if hardware.plain_mem_fraction is not None:
+        plain["mem_fraction_static"] = hardware.plain_mem_fraction
     if hardware.groups == 1:
-        launch |= {"topology": "colocated", "eagle": eagle | {"gpus": gpus[0]}, "plain": {"gpus": gpus[0]}}
+        launch |= {"topology": "colocated", "eagle": eagle | {"gpus": gpus[0]}, "plain": plain | {"gpus": gpus[0]}}
     else:
-        launch |= {"topology": "groups", "groups": gpus, "eagle": eagle, "plain": {}}
+        launch |= {"topology": "groups", "groups": gpus, "eagle": eagle, "plain": plain}
     if stack.profile_file is not None:
         launch["profile_file"] = str(stack.profile_file)
     if stack.profile is not None:
@@ -197,6 +204,8 @@ class FairEnvelope:
         info: dict[str, Any] = {
             "groups": self.hardware.groups,
             "gpus_per_group": self.hardware.gpus_per_group,
+            "eagle_mem_fraction": self.hardware.eagle_mem_fraction,
+            "plain_mem_fraction": self.hardware.plain_mem_fraction,
             "eagle_dp_max_running_requests": self.eagle_cap,
             "config": self.config,
             "servers": {},

@@ -12,7 +12,8 @@ from loadtest.envelope.comparison import (
     best_baselines,
     envelope_markdown,
 )
-from loadtest.envelope.fair import Hardware, merge_levels, specgate_config
+from backends.resolve import PlanError
+from loadtest.envelope.fair import Hardware, eagle_dp_cap, merge_levels, specgate_config
 from loadtest.envelope.harness import StackSettings
 from loadtest.report import build_document
 from loadtest.results import Comparison, LevelResult, ResultsDocument
@@ -80,3 +81,14 @@ def test_specgate_runs_colocated_for_one_group_and_groups_above() -> None:
     eight = specgate_config(stack, Hardware(8, 1), 9000)["launch"]
     assert eight["topology"] == "groups" and eight["groups"] == [[i] for i in range(8)]
     assert Hardware(2, 4).gpu_sets() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_eagle_dp_gets_specgates_eagle_cap_and_a_group_that_does_not_fit_is_refused() -> None:
+    stack = StackSettings("field-8gpu", None, "groups", "adaptive")
+    assert eagle_dp_cap(specgate_config(stack, Hardware(1, 8), 9000)) == 128  # the adaptive policy's default cap
+    capped = StackSettings("field-8gpu", None, "groups", "adaptive", eagle_max_running_requests=64)
+    assert eagle_dp_cap(specgate_config(capped, Hardware(1, 8), 9000)) == 64
+    with pytest.raises(PlanError, match="cannot hold both servers"):
+        eagle_dp_cap(specgate_config(stack, Hardware(2, 4), 9000))  # 0.3 of 4 x 180 GB < 238 GB of weights
+    wider = specgate_config(stack, Hardware(2, 4, eagle_mem_fraction=0.4), 9000)
+    assert wider["launch"]["eagle"]["mem_fraction_static"] == 0.4 and eagle_dp_cap(wider) == 128
