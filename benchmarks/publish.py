@@ -17,20 +17,29 @@ BOUNDS = ("--min-throughput-ratio", "0.95", "--max-tpot-ratio", "1.05")
 
 ADAPTIVE = ("--policy", "adaptive", "--requests-per-level", "8x", "--min-requests-per-level", "32")
 ADAPTIVE_BOUNDS = ("--min-throughput-ratio", "0.97", "--max-tpot-ratio", "1.03")
+# The reports below compare specgate with the two servers it routes to: `--compare single`. The
+# same-hardware reports (`envelope-same-hw-*`) compare it with the same GPUs run each other way, at
+# the default bounds (0.97 / 1.03), sized to about 10 minutes each on the 2-core machine.
+SINGLE = ("--compare", "single")
 
 # name -> envelope arguments. The fixed rules need a parameter per profile: field-8gpu's EAGLE
 # pays only for a lone request (threshold 1); llama8b-h100's EAGLE wins up to its 48-request cap
 # (spill at 48); spill at 8 shows EAGLE's GPUs adding throughput under load. The adaptive policy
 # (the default) runs with no parameter, and colocated adds the single adaptive-speculation server.
 RUNS: dict[str, tuple[str, ...]] = {
-    "envelope-field-8gpu": ("--profile", "field-8gpu", "--policy", "threshold", *BOUNDS),
-    "envelope-llama8b-h100": ("--profile", "llama8b-h100", "--policy", "spill",
+    "envelope-same-hw-llama8b-h100-k8": ("--profile", "llama8b-h100", "--groups", "8", "--gpus-per-group", "1",
+                                         "--requests-per-level", "2x", "--min-requests-per-level", "8"),
+    "envelope-same-hw-field-8gpu-k1": ("--profile", "field-8gpu", "--groups", "1", "--gpus-per-group", "8"),
+    "envelope-field-8gpu": (*SINGLE, "--profile", "field-8gpu", "--policy", "threshold", *BOUNDS),
+    "envelope-llama8b-h100": (*SINGLE, "--profile", "llama8b-h100", "--policy", "spill",
                               "--policy-param", "eagle_max_inflight=48", *BOUNDS),
-    "envelope-field-8gpu-spill": ("--profile", "field-8gpu", "--policy", "spill", "--policy-param", "eagle_max_inflight=8"),
-    "envelope-field-8gpu-adaptive": ("--profile", "field-8gpu", *ADAPTIVE, *ADAPTIVE_BOUNDS),
-    "envelope-llama8b-h100-adaptive": ("--profile", "llama8b-h100", *ADAPTIVE, *ADAPTIVE_BOUNDS),
-    "envelope-field-8gpu-colocated-adaptive": ("--profile", "field-8gpu", "--topology", "colocated", *ADAPTIVE),
-    "envelope-llama8b-h100-colocated-adaptive": ("--profile", "llama8b-h100", "--topology", "colocated", *ADAPTIVE),
+    "envelope-field-8gpu-spill": (*SINGLE, "--profile", "field-8gpu", "--policy", "spill",
+                                  "--policy-param", "eagle_max_inflight=8"),
+    "envelope-field-8gpu-adaptive": (*SINGLE, "--profile", "field-8gpu", *ADAPTIVE, *ADAPTIVE_BOUNDS),
+    "envelope-llama8b-h100-adaptive": (*SINGLE, "--profile", "llama8b-h100", *ADAPTIVE, *ADAPTIVE_BOUNDS),
+    "envelope-field-8gpu-colocated-adaptive": (*SINGLE, "--profile", "field-8gpu", "--topology", "colocated", *ADAPTIVE),
+    "envelope-llama8b-h100-colocated-adaptive": (*SINGLE, "--profile", "llama8b-h100", "--topology", "colocated",
+                                                 *ADAPTIVE),
 }
 
 

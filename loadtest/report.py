@@ -191,6 +191,11 @@ def health_markdown(doc: ResultsDocument) -> list[str]:
         f"{h.worst_loadgen_cpu_pct:.0f}%, machine {h.worst_machine_busy_pct:.0f}% busy, simulator mean step "
         f"lateness {slip}."
     )
+    if h.worst_balancer_cpu_pct is not None:
+        worst += (
+            f" The data-parallel baselines' balancer used at most {h.worst_balancer_cpu_pct:.0f}% of a core "
+            f"(limit {lim.get('balancer_cpu_pct')}%)."
+        )
     lines = ["## Was the load generator the bottleneck?", "", method, "", worst, ""]
     if h.flagged:
         lines += ["Levels over a limit (treat their latencies with care):", ""]
@@ -198,14 +203,20 @@ def health_markdown(doc: ResultsDocument) -> list[str]:
     else:
         lines.append("No level crossed a limit.")
     lines.append("")
-    lines += ["| level | target | loop lag p99 ms | loadgen CPU % | gateway CPU % | sims CPU % | machine busy % | sim step lateness ms |", "|---|---|---|---|---|---|---|---|"]
+    balancer = h.worst_balancer_cpu_pct is not None  # a column only where a balancer ran
+    lines += [
+        "| level | target | loop lag p99 ms | loadgen CPU % | gateway CPU % | " + ("balancer CPU % | " if balancer else "")
+        + "sims CPU % | machine busy % | sim step lateness ms |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if balancer else ""),
+    ]
     for level in doc.levels:
         for name, t in level.targets.items():
             cpu = t.monitor.cpu
             slips = t.monitor.sim_lateness_ms()
             lines.append(
                 f"| {level.label} | {name} | {fixed(t.monitor.loop_lag_p99_ms, 2)} | {fixed(cpu.get('loadgen_cpu_pct'), 0)} | "
-                f"{fixed(cpu.get('gateway_cpu_pct'), 0)} | {fixed(cpu.get('sims_cpu_pct'), 0)} | {fixed(cpu.get('machine_busy_pct'), 0)} | "
+                f"{fixed(cpu.get('gateway_cpu_pct'), 0)} | " + (f"{fixed(cpu.get('balancer_cpu_pct'), 0)} | " if balancer else "")
+                + f"{fixed(cpu.get('sims_cpu_pct'), 0)} | {fixed(cpu.get('machine_busy_pct'), 0)} | "
                 f"{fixed(max(slips) if slips else None, 2)} |"
             )
     lines.append("")

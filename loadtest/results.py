@@ -116,7 +116,8 @@ class LevelResult:
     """Every target at one load level (closed-loop concurrency or open-loop rate).
 
     `ratios` are per-level figures computed across targets (the envelope's `throughput_ratio` and
-    `tpot_ratio`), written beside `targets`; empty for a plain sweep.
+    `tpot_ratio`), written beside `targets`; empty for a plain sweep. `best` names the baseline each
+    ratio was taken against (`{"throughput": "plain-dp", "tpot": "eagle-dp"}`), None where not recorded.
     """
 
     concurrency: int | None
@@ -124,6 +125,7 @@ class LevelResult:
     requests: int
     targets: Mapping[str, TargetResult]
     ratios: Mapping[str, float | None] = field(default_factory=dict)
+    best: Mapping[str, str | None] | None = None
 
     @property
     def label(self) -> str:
@@ -143,18 +145,20 @@ class LevelResult:
             "requests": self.requests,
             "targets": {name: t.to_json() for name, t in self.targets.items()},
             **self.ratios,
+            **({"best": dict(self.best)} if self.best is not None else {}),
         }
 
     @classmethod
     def from_json(cls, raw: Json) -> LevelResult:
-        """Read one entry of `levels`; keys beyond the four known ones are its ratios."""
-        known = ("concurrency", "request_rate", "requests", "targets")
+        """Read one entry of `levels`; keys beyond the known ones are its ratios."""
+        known = ("concurrency", "request_rate", "requests", "targets", "best")
         return cls(
             concurrency=raw["concurrency"],
             request_rate=raw["request_rate"],
             requests=raw["requests"],
             targets={name: TargetResult.from_json(t) for name, t in raw["targets"].items()},
             ratios={k: v for k, v in raw.items() if k not in known},
+            best=raw.get("best"),
         )
 
 
@@ -188,6 +192,7 @@ class Health:
     worst_machine_busy_pct: float
     worst_sim_step_lateness_ms: float | None
     flagged: tuple[str, ...]
+    worst_balancer_cpu_pct: float | None = None  # None: no balancer ran (and files written before it existed)
 
     @property
     def ok(self) -> bool:
@@ -202,6 +207,7 @@ class Health:
             "worst_loadgen_cpu_pct": self.worst_loadgen_cpu_pct,
             "worst_machine_busy_pct": self.worst_machine_busy_pct,
             "worst_sim_step_lateness_ms": self.worst_sim_step_lateness_ms,
+            **({"worst_balancer_cpu_pct": self.worst_balancer_cpu_pct} if self.worst_balancer_cpu_pct is not None else {}),
             "flagged": list(self.flagged),
             "ok": self.ok,
         }
@@ -211,7 +217,7 @@ class Health:
         """Read a `health` object (`ok` follows from `flagged`)."""
         return cls(
             raw["limits"], raw["worst_loop_lag_p99_ms"], raw["worst_loadgen_cpu_pct"], raw["worst_machine_busy_pct"],
-            raw["worst_sim_step_lateness_ms"], tuple(raw["flagged"]),
+            raw["worst_sim_step_lateness_ms"], tuple(raw["flagged"]), raw.get("worst_balancer_cpu_pct"),
         )
 
 
@@ -239,10 +245,19 @@ class BoundCheck:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Which target the ratios judge (`subject`) against which direct targets (`baselines`)."""
+    """Which target the ratios judge (`subject`) against which targets (`baselines`), and by which rule.
+
+    `carrying_within`: the TPOT ratio is taken against the lowest TPOT p50 of the baselines that carry
+    the load, those within this share of the best baseline throughput (0.1: at least 90% of it), so a
+    capped server that queues the rest cannot set the bar. None: against every baseline (the
+    single-server comparison). `kind` labels the comparison: "same-hardware" (the same GPUs run
+    each way) or "single" (specgate against the servers it routes to).
+    """
 
     subject: str
     baselines: tuple[str, ...]
+    carrying_within: float | None = None
+    kind: str = "single"
 
 
 @dataclass(frozen=True)
@@ -266,12 +281,20 @@ class EnvelopeVerdict:
         if self.comparison is not None:
             out["subject"] = self.comparison.subject
             out["baselines"] = list(self.comparison.baselines)
+            if self.comparison.kind != "single":
+                out["comparison"] = self.comparison.kind
+            if self.comparison.carrying_within is not None:
+                out["carrying_within"] = self.comparison.carrying_within
         return out
 
     @classmethod
     def from_json(cls, raw: Json) -> EnvelopeVerdict:
         """Read an `envelope` object."""
-        comparison = Comparison(raw["subject"], tuple(raw["baselines"])) if "subject" in raw else None
+        comparison = (
+            Comparison(raw["subject"], tuple(raw["baselines"]), raw.get("carrying_within"), raw.get("comparison", "single"))
+            if "subject" in raw
+            else None
+        )
         return cls(tuple(BoundCheck.from_json(c) for c in raw["checks"]), comparison)
 
 

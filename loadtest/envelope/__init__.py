@@ -1,6 +1,8 @@
-"""The envelope harness, `python -m loadtest envelope`: specgate against the simulated servers it routes to.
+"""The envelope harness, `python -m loadtest envelope`: specgate against the same GPUs run each other way.
 
-It starts the simulated stack (`backends.sim` behind `specgate serve`), sweeps it with the generic
-tool in `loadtest`, and judges specgate's numbers against the direct servers'. The generic tool
-never imports this package or the simulator.
+It starts simulated stacks (`backends.sim`, behind `specgate serve` or the least-in-flight
+balancer), sweeps them with the generic tool in `loadtest`, and judges specgate's numbers against
+the best baseline: by default plain, EAGLE and adaptive data-parallel servers on the same GPUs
+(`fair.py`), or with `--compare single` the two servers specgate routes to (`harness.py`). The
+generic tool never imports this package or the simulator.
 """

@@ -6,14 +6,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadtest.envelope.comparison import Bound, add_ratios
-from loadtest.envelope.harness import Envelope, Topology
+from loadtest.envelope.fair import FairEnvelope
+from loadtest.envelope.harness import Envelope
 from loadtest.report import build_document
 from loadtest.results import LevelResult, ResultsDocument
 
 
 def envelope_document(
     results: Sequence[LevelResult],
-    envelope: Envelope,
+    envelope: Envelope | FairEnvelope,
     stack_info: dict[str, Any],
     command: str,
     bounds: Sequence[Bound],
@@ -25,7 +26,7 @@ def envelope_document(
     params = ", ".join(f"{k}={v}" for k, v in stack.policy_params.items())
     doc = build_document(
         "envelope", results, envelope.targets(), envelope.settings, command,
-        title=f"Envelope: {profile}, {stack.topology}, policy {stack.policy}" + (f" ({params})" if params else ""),
+        title=f"Envelope: {profile}, {envelope.layout()}, policy {stack.policy}" + (f" ({params})" if params else ""),
         stack={
             "profile": stack.profile,
             "profile_file": str(stack.profile_file) if stack.profile_file else None,
@@ -35,23 +36,12 @@ def envelope_document(
             "eagle_max_running_requests": stack.eagle_max_running_requests,
             "time_scale": stack.time_scale,
             "time_scale_note": time_scale_note,
+            "compare": envelope.comparison().kind,
             **stack_info,
         },
-        preamble=[_targets_sentence(stack.topology), _scale_sentence(stack.time_scale, time_scale_note)],
+        preamble=[envelope.describe(), _scale_sentence(stack.time_scale, time_scale_note)],
     )
     return add_ratios(doc, envelope.comparison(), bounds)
-
-
-def _targets_sentence(topology: Topology) -> str:
-    adaptive = (
-        ", `adaptive` is one server that speculates only at low batch sizes (SGLang `--speculative-adaptive` style)"
-        if topology == "colocated"
-        else ""
-    )
-    return (
-        "Targets: `eagle` and `plain` are the simulated SGLang servers called directly; `specgate` is the gateway "
-        f"in front of those same two servers{adaptive}."
-    )
 
 
 def _scale_sentence(scale: float, note: str) -> str:

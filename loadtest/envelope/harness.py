@@ -23,12 +23,13 @@ import tomli_w
 
 from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready
+from backends.sim_argv import SimCommon, SimServer, sim_argv
 from loadtest.monitor import CpuMeter, descendants
 from loadtest.results import Comparison, LevelResult
 from loadtest.slip import SlipProbe
 from loadtest.sweep import Progress, Sweep, SweepSettings, Target
 
-Topology = Literal["partitioned", "colocated"]
+Topology = Literal["partitioned", "colocated", "groups"]
 DIRECT = ("eagle", "plain")
 STARTUP_TIMEOUT = 120.0
 
@@ -97,14 +98,9 @@ def specgate_executable() -> str:
 
 
 def adaptive_argv(stack: StackSettings, port: int) -> list[str]:
-    """The single adaptive-speculation server of the colocated comparison."""
-    argv = [sys.executable, "-m", "backends.sim", "--role", "adaptive", "--host", "127.0.0.1", "--port", str(port)]
-    if stack.profile is not None:
-        argv += ["--profile", stack.profile]
-    if stack.profile_file is not None:
-        argv += ["--profile-file", str(stack.profile_file)]
-    argv += ["--time-scale", f"{stack.time_scale:g}", "--seed", str(stack.seed), "--enable-metrics"]
-    return argv
+    """The single adaptive-speculation server of the colocated comparison (built by the one simulator argv builder)."""
+    common = SimCommon(profile=stack.profile, profile_file=stack.profile_file, time_scale=stack.time_scale, seed=stack.seed)
+    return list(sim_argv(common, SimServer(role="adaptive", host="127.0.0.1", port=port)))
 
 
 class Envelope:
@@ -133,6 +129,22 @@ class Envelope:
     def comparison(self) -> Comparison:
         """specgate judged against the two servers it routes to (not the colocated `adaptive`)."""
         return Comparison("specgate", DIRECT)
+
+    def describe(self) -> str:
+        """The report's sentence on what the targets are."""
+        adaptive = (
+            ", `adaptive` is one server that speculates only at low batch sizes (SGLang `--speculative-adaptive` style)"
+            if self.stack.topology == "colocated"
+            else ""
+        )
+        return (
+            "Targets: `eagle` and `plain` are the simulated SGLang servers called directly; `specgate` is the gateway "
+            f"in front of those same two servers{adaptive}."
+        )
+
+    def layout(self) -> str:
+        """The title's words for the stack's layout."""
+        return self.stack.topology
 
     async def run(self, command: str) -> tuple[list[LevelResult], dict[str, Any]]:
         """Run the envelope; returns the level results and what the stack looked like."""

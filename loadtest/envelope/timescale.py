@@ -3,11 +3,14 @@
 Every simulated decode step sends one SSE chunk per running request; the simulator, the gateway
 and the load generator each handle every chunk. The modelled chunk rate of a role at batch B is
 `B / (t0 + a*B)`; `--time-scale auto` stretches time until the highest rate any level asks for
-fits `CHUNK_BUDGET`. All ratios between targets are unchanged by the scale.
+fits `CHUNK_BUDGET`. K data-parallel replicas split a level's C requests, each running a batch of
+about C/K, and together emit K times one replica's chunk rate at that batch (more than one server
+at C, since smaller batches step faster). All ratios between targets are unchanged by the scale.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,18 +32,25 @@ def chunk_rate(role: RoleProfile, concurrency: int) -> float:
     return 1000.0 * batch / role.step_ms(batch)
 
 
-def peak_chunk_rate(profile: Profile, concurrencies: Iterable[int]) -> float:
-    """The highest modelled chunk rate of either server over the sweep's levels."""
+def peak_chunk_rate(profile: Profile, concurrencies: Iterable[int], replicas: int = 1) -> float:
+    """The highest modelled chunk rate of either server (or `replicas` of it sharing a level) over the levels."""
     levels = list(concurrencies)
-    return max(chunk_rate(role, c) for role in (profile.eagle, profile.plain) for c in levels)
+    return max(
+        min(c, replicas) * chunk_rate(role, math.ceil(c / replicas))
+        for role in (profile.eagle, profile.plain)
+        for c in levels
+    )
 
 
-def auto_time_scale(profile: Profile, concurrencies: Iterable[int], budget: float = CHUNK_BUDGET) -> tuple[float, str]:
+def auto_time_scale(
+    profile: Profile, concurrencies: Iterable[int], budget: float = CHUNK_BUDGET, replicas: int = 1
+) -> tuple[float, str]:
     """The time scale for `--time-scale auto`, and a sentence saying why."""
-    peak = peak_chunk_rate(profile, concurrencies)
+    peak = peak_chunk_rate(profile, concurrencies, replicas)
     scale = max(round(peak / budget, 2), MIN_SCALE)
+    over = f" over {replicas} replicas" if replicas > 1 else ""
     return scale, (
-        f"auto: peak modelled chunk rate {peak:.0f}/s at time scale 1, budget {budget:.0f}/s on this machine, "
+        f"auto: peak modelled chunk rate {peak:.0f}/s{over} at time scale 1, budget {budget:.0f}/s on this machine, "
         f"floor {MIN_SCALE:g}"
     )
 

@@ -105,7 +105,8 @@ def _processes_mentioning(ports: list[int]) -> list[psutil.Process]:
 def test_short_envelope_run_has_the_contract_shape_and_leaves_nothing_running(tmp_path: Path) -> None:
     out = tmp_path / "env"
     result = CliRunner().invoke(main, [
-        "envelope", "--profile", "field-8gpu", "--policy", "threshold", "--concurrency", "1,4", "--time-scale", "0.5",
+        "envelope", "--compare", "single", "--profile", "field-8gpu", "--policy", "threshold", "--concurrency", "1,4",
+        "--time-scale", "0.5",
         "--requests-per-level", "1x", "--min-requests-per-level", "4", "--output-len", "24", "--input-len", "16",
         "--warmup", "1", "--min-throughput-ratio", "0.01", "--max-tpot-ratio", "100", "--out", str(out),
     ])
@@ -130,7 +131,8 @@ def test_short_envelope_run_has_the_contract_shape_and_leaves_nothing_running(tm
 
 def test_colocated_envelope_adds_the_adaptive_server_and_exits_nonzero_when_a_bound_fails(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [
-        "envelope", "--profile", "field-8gpu", "--topology", "colocated", "--concurrency", "1", "--time-scale", "0.3",
+        "envelope", "--compare", "single", "--profile", "field-8gpu", "--topology", "colocated", "--concurrency", "1",
+        "--time-scale", "0.3",
         "--requests-per-level", "2", "--min-requests-per-level", "0", "--output-len", "8", "--input-len", "8",
         "--warmup", "0", "--min-throughput-ratio", "50", "--out", str(tmp_path),
     ])
@@ -144,9 +146,49 @@ def test_colocated_envelope_adds_the_adaptive_server_and_exits_nonzero_when_a_bo
     assert _processes_mentioning(ports) == []
 
 
+def test_same_hardware_envelope_runs_four_targets_on_two_groups_and_leaves_nothing_running(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "envelope", "--profile", "llama8b-h100", "--groups", "2", "--gpus-per-group", "1", "--concurrency", "1,4",
+        "--time-scale", "1", "--requests-per-level", "1x", "--min-requests-per-level", "4", "--output-len", "16",
+        "--input-len", "16", "--warmup", "1", "--min-throughput-ratio", "0.01", "--max-tpot-ratio", "100",
+        "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "results.json").read_text())
+    baselines = ["plain-dp", "eagle-dp", "adaptive-dp"]
+    assert list(doc["targets"]) == [*baselines, "specgate"]
+    assert doc["envelope"]["subject"] == "specgate" and doc["envelope"]["baselines"] == baselines
+    assert doc["envelope"]["comparison"] == "same-hardware" and doc["envelope"]["all_met"]
+    for level in doc["levels"]:
+        assert level["throughput_ratio"] > 0 and level["tpot_ratio"] > 0
+        assert level["best"]["throughput"] in baselines and level["best"]["tpot"] in baselines
+        for name, t in level["targets"].items():
+            assert t["failed"] == 0 and t["completed"] == level["requests"]
+            slips = t["monitor"]["sim_slip"]
+            assert len(slips) == (4 if name == "specgate" else 2)  # every replica's (every backend's) step lateness
+            assert sum(s["steps"] for s in slips.values() if s) > 0
+            assert ("balancer_cpu_pct" in t["monitor"]["cpu"]) == (name != "specgate")
+        assert set(level["targets"]["specgate"]["backend_share"]) <= {"g0-eagle", "g0-plain", "g1-eagle", "g1-plain"}
+    stack = doc["stack"]
+    assert (stack["compare"], stack["groups"], stack["gpus_per_group"], stack["topology"]) == ("same-hardware", 2, 1, "groups")
+    assert stack["eagle_dp_max_running_requests"] == 128  # the adaptive policy's cap, as specgate's EAGLE servers get
+    assert "--max-running-requests 128" in stack["servers"]["eagle-dp"][0]
+    assert doc["health"]["worst_balancer_cpu_pct"] is not None
+    ports = [int(url.rsplit(":", 1)[1]) for url in doc["targets"].values()]
+    assert _processes_mentioning(ports) == []
+
+
+def test_same_hardware_envelope_refuses_groups_whose_weights_do_not_fit_before_starting_anything(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "envelope", "--profile", "field-8gpu", "--groups", "2", "--gpus-per-group", "4", "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 1
+    assert "cannot hold both servers" in result.output and not (tmp_path / "logs").exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Path, sig: signal.Signals) -> None:
-    argv = [sys.executable, "-m", "loadtest", "envelope", "--profile", "field-8gpu", "--concurrency", "2",
+    argv = [sys.executable, "-m", "loadtest", "envelope", "--compare", "single", "--profile", "field-8gpu", "--concurrency", "2",
             "--requests-per-level", "10000", "--output-len", "64", "--input-len", "8", "--time-scale", "1",
             "--warmup", "0", "--out", str(tmp_path)]
     child = Child("loadtest", argv, log_path=tmp_path / "loadtest.log")
@@ -162,6 +204,50 @@ def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Pa
         child.stop_blocking(grace=30)  # SIGTERM first: it may still clean up as designed
         for leftover in _processes_mentioning(_ports(config)):
             leftover.kill()
+
+
+def test_same_hardware_envelope_interrupted_mid_sweep_stops_the_target_it_runs(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "loadtest", "envelope", "--profile", "llama8b-h100", "--groups", "2",
+            "--gpus-per-group", "1", "--concurrency", "2", "--requests-per-level", "10000", "--output-len", "64",
+            "--input-len", "8", "--time-scale", "1", "--warmup", "0", "--out", str(tmp_path)]
+    child = Child("loadtest", argv, log_path=tmp_path / "loadtest.log")
+    child.start()
+    assert child.proc is not None
+    started: list[psutil.Process] = []
+    try:
+        started = _wait_for_replica_traffic(child.proc)  # plain-dp's sim and its balancer
+        child.proc.send_signal(signal.SIGTERM)
+        assert child.wait_blocking(60) == 128 + int(signal.SIGTERM)
+        assert [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        child.stop_blocking(grace=30)
+        for leftover in started:
+            if leftover.is_running():
+                leftover.kill()
+
+
+def _wait_for_replica_traffic(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The load test's children once its first simulator replica is decoding requests."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        children = psutil.Process(proc.pid).children(recursive=True)
+        for sim in children:
+            try:
+                cmd = sim.cmdline()
+            except psutil.Error:
+                continue
+            if "backends.sim" not in cmd or len(children) < 2:
+                continue
+            port = cmd[cmd.index("--port") + 1]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/loads", timeout=2) as resp:
+                    loads = json.loads(resp.read())["loads"]
+                if sum(entry["num_running_reqs"] for entry in loads) > 0:
+                    return children
+            except (OSError, ValueError, KeyError):
+                pass
+        time.sleep(0.2)
+    raise AssertionError("the envelope never started sending requests")
 
 
 def _ports(config: Path) -> list[int]:
