@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
+from tests.aioserve import serving_app
+
 MODEL = "fake-model"
 
 
@@ -85,16 +87,9 @@ class FakeBackend:
 @asynccontextmanager
 async def serving(fake: FakeBackend) -> AsyncIterator[FakeBackend]:
     """Run `fake` on a free loopback port (its `url` is set) until the block ends."""
-    runner = web.AppRunner(fake.app(), shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    fake.url = f"http://127.0.0.1:{port}"
-    try:
+    async with serving_app(fake.app()) as url:
+        fake.url = url
         yield fake
-    finally:
-        await runner.cleanup()
 
 
 def refused_url() -> str:

@@ -17,7 +17,6 @@ import aiohttp
 import orjson
 
 from backends.fdlimit import NofileLimit
-
 from gateway.config import Settings
 from gateway.fdbudget import plan_budget
 from gateway.metrics import GatewayMetrics

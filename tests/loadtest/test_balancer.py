@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import aiohttp
 from aiohttp import web
 
 from backends.process import free_loopback_port
 from loadtest.envelope.balancer import Balancer, LeastInFlight
+from tests.aioserve import serving_app
 
 STREAM = [b"data: {\"a\": 1}\n\n", b"data: \xc3\xa9t\xc3\xa9 split", b" across chunks\n\n", b"data: [DONE]\n\n"]
 
@@ -42,18 +41,6 @@ def upstream_app(name: str, release: asyncio.Event, seen: list[str]) -> web.Appl
     return app
 
 
-@asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_loopback_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
 def test_ties_rotate_and_the_least_busy_upstream_wins() -> None:
     pool = LeastInFlight(["http://a", "http://b", "http://c"])
     assert [pool.acquire() for _ in range(3)] == [0, 1, 2]
@@ -65,9 +52,9 @@ def test_ties_rotate_and_the_least_busy_upstream_wins() -> None:
 async def test_least_in_flight_spreads_requests_and_counts_return_to_zero() -> None:
     release = asyncio.Event()
     seen: list[str] = []
-    async with serving(upstream_app("a", release, seen)) as a, serving(upstream_app("b", release, seen)) as b:
+    async with serving_app(upstream_app("a", release, seen)) as a, serving_app(upstream_app("b", release, seen)) as b:
         balancer = Balancer([a, b])
-        async with serving(balancer.app()) as url, aiohttp.ClientSession() as session:
+        async with serving_app(balancer.app()) as url, aiohttp.ClientSession() as session:
             async def one() -> str:
                 async with session.post(f"{url}/hold", data=b"x") as resp:
                     return await resp.text()
@@ -85,9 +72,9 @@ async def test_least_in_flight_spreads_requests_and_counts_return_to_zero() -> N
 
 
 async def test_a_stream_is_relayed_byte_exact_with_its_headers() -> None:
-    async with serving(upstream_app("a", asyncio.Event(), [])) as a:
+    async with serving_app(upstream_app("a", asyncio.Event(), [])) as a:
         balancer = Balancer([a])
-        async with serving(balancer.app()) as url, aiohttp.ClientSession() as session:
+        async with serving_app(balancer.app()) as url, aiohttp.ClientSession() as session:
             async with session.get(f"{url}/stream") as resp:
                 assert resp.headers["X-Upstream"] == "a" and resp.headers["Content-Type"] == "text/event-stream"
                 pieces = [chunk async for chunk in resp.content.iter_any()]
@@ -100,9 +87,9 @@ async def test_a_stream_is_relayed_byte_exact_with_its_headers() -> None:
 
 
 async def test_a_client_that_leaves_mid_stream_is_no_longer_counted() -> None:
-    async with serving(upstream_app("a", asyncio.Event(), [])) as a:
+    async with serving_app(upstream_app("a", asyncio.Event(), [])) as a:
         balancer = Balancer([a])
-        async with serving(balancer.app()) as url, aiohttp.ClientSession() as session:
+        async with serving_app(balancer.app()) as url, aiohttp.ClientSession() as session:
             async with session.get(f"{url}/stream") as resp:
                 await resp.content.readany()
                 assert balancer.pool.inflight == [1]
@@ -117,7 +104,7 @@ async def test_a_client_that_leaves_mid_stream_is_no_longer_counted() -> None:
 async def test_an_unreachable_upstream_gets_a_502_in_openai_shape() -> None:
     down = f"http://127.0.0.1:{free_loopback_port()}"
     balancer = Balancer([down])
-    async with serving(balancer.app()) as url, aiohttp.ClientSession() as session:
+    async with serving_app(balancer.app()) as url, aiohttp.ClientSession() as session:
         async with session.post(f"{url}/v1/chat/completions", json={"model": "m"}) as resp:
             assert resp.status == 502
             error = (await resp.json())["error"]

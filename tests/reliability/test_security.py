@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any, Self
 
 import aiohttp
@@ -23,6 +22,7 @@ import pytest
 from aiohttp import web
 
 from backends.testbed import SimFactory, start_gateway
+from tests.aioserve import serving_app
 from tests.reliability.stack import JSON, Stack, gateway_env, running_stack, until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]
@@ -116,22 +116,9 @@ async def _fake_sglang_info(key: str) -> web.Application:
     return app
 
 
-@asynccontextmanager
-async def _served(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
 async def test_keys_never_appear_in_logs_errors_or_responses(sims: SimFactory, record_property: pytest.RecordProperty) -> None:
     plain = await asyncio.to_thread(sims.start, "--role", "plain", "--time-scale", "0.1", "--api-key", BACKEND_KEY)
-    async with _served(await _fake_sglang_info(BACKEND_KEY)) as eagle_url:
+    async with serving_app(await _fake_sglang_info(BACKEND_KEY)) as eagle_url:
         backends = [
             {"name": "eagle", "url": eagle_url, "speculative": True, "api_key": BACKEND_KEY, "served_model_name": "leaky-model"},
             {"name": "plain", "url": plain.url(), "speculative": False, "api_key": BACKEND_KEY},
