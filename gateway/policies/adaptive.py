@@ -75,8 +75,9 @@ class AdaptivePolicy(Policy):
     ) -> None:
         """`eagle_cap`: most requests each EAGLE backend gets at once; `slo_tpot`: target seconds per
         token (None: off); `probe_every`: decisions without traffic after which a backend of an
-        idle group is probed; `colocated`: how the configuration grouped backends named in no
-        group (reported only: the snapshot's groups say which backends share GPUs)."""
+        idle group is probed; `colocated`: the backends share GPUs (a response decoded alongside
+        another backend's requests is never learned from); with it off, the snapshot's groups say
+        which backends share GPUs."""
         if eagle_cap < 1:
             raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
         if probe_every < 1:
@@ -152,7 +153,7 @@ class AdaptivePolicy(Policy):
         tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
         if tokens < 1 or completion.decode_seconds <= 0.0:
             return
-        if arm.shared and completion.mean_group_inflight - completion.mean_inflight > SHARED_TOLERANCE:
+        if (arm.shared or self.colocated) and completion.mean_group_inflight - completion.mean_inflight > SHARED_TOLERANCE:
             # The other server of its group decoded meanwhile and its steps were interleaved with this one's
             # on the shared GPU: this TPOT is not what this server costs on its own.
             arm.shared_skipped += 1
