@@ -118,8 +118,9 @@ class Supervisor:
         self, child: Child, ready: dict[str, asyncio.Event], display: StartupDisplay | None
     ) -> None:
         """Start `child` once the process it waits for (`start_after`) is ready; then mark it ready."""
-        if child.spec.start_after is not None:
-            await ready[child.spec.start_after].wait()
+        after = self._specs[child.name].start_after
+        if after is not None:
+            await ready[after].wait()
         await self._start_one(child, display)
         ready[child.name].set()
 
