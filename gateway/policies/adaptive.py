@@ -39,7 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import PolicyConfig
-from gateway.policies import group_choice
+from gateway.policies.group_choice import BackendState, TpotLine
+from gateway.policies.group_choice import choose as choose_group
 from gateway.policies.adaptive_state import (
     PROBE_AGREEMENT,
     PROBE_BACKOFF_LIMIT,
@@ -125,7 +126,7 @@ class AdaptivePolicy(Policy):
             decision = self._least_harm(snapshot, states)
             if decision is not None:
                 return decision
-        name, reason = group_choice.choose(states, self._recent)
+        name, reason = choose_group(states, self._recent)
         if reason == "adaptive_predicted_faster" and self._capped_was_faster(states, name):
             reason = "adaptive_cap"
         return Decision(name, reason)
@@ -268,18 +269,18 @@ class AdaptivePolicy(Policy):
         least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
         return Decision(least.name, "adaptive_prior")
 
-    def _state(self, view: BackendView, outlook: Outlook) -> group_choice.BackendState:
+    def _state(self, view: BackendView, outlook: Outlook) -> BackendState:
         """The backend as the group rule sees it: its line (EAGLE's scaled by the speculation prior),
         tau, and the share of expected output its in-flight requests still have to produce."""
         line = None
         if outlook.fitted:
             assert outlook.estimator is not None
             factor = self._factor(view.speculative, outlook.evidence)
-            line = group_choice.TpotLine(outlook.estimator.alpha * factor, outlook.estimator.beta * factor)
+            line = TpotLine(outlook.estimator.alpha * factor, outlook.estimator.beta * factor)
         tau = outlook.tau if view.speculative else 1.0
         produced = view.relayed_chunks * tau
         remaining = max(0.0, 1.0 - produced / view.expected_tokens) if view.expected_tokens > 0 else 0.0
-        return group_choice.BackendState(
+        return BackendState(
             view.name,
             view.group,
             view.speculative,
@@ -291,7 +292,7 @@ class AdaptivePolicy(Policy):
             remaining=remaining,
         )
 
-    def _capped_was_faster(self, states: list[group_choice.BackendState], chosen: str) -> bool:
+    def _capped_was_faster(self, states: list[BackendState], chosen: str) -> bool:
         """Whether a backend at its cap would have served this request faster than the one chosen."""
         loads: dict[str, int] = {}
         for s in states:
@@ -314,7 +315,7 @@ class AdaptivePolicy(Policy):
     def _spec_factor(self, arm: Arm) -> float:
         return self._factor(bool(arm.speculative), arm.estimator.evidence)
 
-    def _least_harm(self, snapshot: PoolSnapshot, states: list[group_choice.BackendState]) -> Decision | None:
+    def _least_harm(self, snapshot: PoolSnapshot, states: list[BackendState]) -> Decision | None:
         """When no backend meets the TPOT target with this request: break it for the fewest requests.
 
         A backend already over the target (or idle) loses only this request; one still within it
@@ -327,7 +328,7 @@ class AdaptivePolicy(Policy):
         if not predicted or min(predicted.values()) <= slo:
             return None
 
-        def harm(s: group_choice.BackendState) -> int:
+        def harm(s: BackendState) -> int:
             assert s.line is not None
             return 1 if s.inflight == 0 or s.line.at(loads[s.name]) > slo else s.inflight + 1
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.policies import group_choice
+from gateway.policies.group_choice import BackendState
 from gateway.policies.tpot_fit import TpotEstimator
 from gateway.pool import PoolSnapshot
 
@@ -104,7 +104,7 @@ def crossover(arms: Iterable[Arm]) -> float | None:
 
 
 def group_beliefs(
-    snapshot: PoolSnapshot, states: Sequence[group_choice.BackendState], recent: Mapping[str, float]
+    snapshot: PoolSnapshot, states: Sequence[BackendState], recent: Mapping[str, float]
 ) -> dict[str, dict[str, Any]]:
     """Per group: what it runs now, the mode its fits prefer for its expected load, its loads."""
     out: dict[str, dict[str, Any]] = {}
