@@ -153,7 +153,7 @@ class ProxyResponse(Response):
         snapshot = rt.pool.snapshot()
         decision = route(rt.policy, snapshot, job.forced)
         if decision is None:
-            target = f"backend {job.forced!r} is" if job.forced else "no backend is"
+            target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
             raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
         self._slot = rt.pool.acquire(decision.backend, job.max_tokens)
         self._placed(snapshot, decision)

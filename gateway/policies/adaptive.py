@@ -92,6 +92,7 @@ class AdaptivePolicy(Policy):
         self.estimator = estimator or EstimatorConfig()
         self._arms: dict[str, Arm] = {}
         self._recent: dict[str, float] = {}  # group -> recent load (EWMA of mean group in-flight)
+        self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._live: Callable[[], PoolSnapshot] | None = None
 
     @classmethod
@@ -132,6 +133,10 @@ class AdaptivePolicy(Policy):
         return Decision(name, reason)
 
     def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+        """Record per backend its kind, group and whether the group is shared, the decisions since it
+        last got a request and a pending probe; per group the last decision placed there (status).
+        Tau and the recent loads change only in `observe`."""
+        self._last[snapshot.get(decision.backend).group] = f"{decision.backend}: {decision.reason}"
         for view in snapshot.backends:
             arm = self._sync(view)
             arm.shared = sum(v.group == view.group for v in snapshot.backends) > 1
@@ -198,6 +203,8 @@ class AdaptivePolicy(Policy):
         if snapshot is not None:
             states = [self._state(v, self._outlook(v)) for v in snapshot.backends]
             beliefs["groups"] = group_beliefs(snapshot, states, self._recent)
+            for group, entry in beliefs["groups"].items():
+                entry["last_decision"] = self._last.get(group)
         cross = self.crossover()
         if cross is not None:
             beliefs["crossover_concurrency"] = cross

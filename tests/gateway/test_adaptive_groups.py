@@ -114,6 +114,7 @@ def test_tau_recent_load_and_remaining_are_learned_from_completions() -> None:
     assert g0["remaining"]["g0-eagle"] == pytest.approx(1.0 - 30 * 3.0 / 300.0)  # chunks x tau of expected
     assert g0["mode"] == "eagle" and beliefs["groups"]["g1"]["mode"] == "idle"
     assert g0["inflight"] == 2 and g0["backends"] == ["g0-eagle", "g0-plain"]
+    assert g0["last_decision"] == "g0-eagle: adaptive_prior" and beliefs["groups"]["g1"]["last_decision"] is None
 
 
 def test_a_probe_waits_until_its_group_is_idle() -> None:
