@@ -116,13 +116,16 @@ class AdaptivePolicy(Policy):
             fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
             return Decision(fallback[0].name, "adaptive_unavailable")
         outlooks = {v.name: self._outlook(v) for v in available}
+        borrowed = _kind_lines(available, outlooks)
         if not all(o.fitted for o in outlooks.values()):
-            return self._cold(snapshot, available, outlooks)
+            cold = self._cold(snapshot, available, outlooks, borrowed)
+            if cold is not None:
+                return cold
         for view in sorted(available, key=lambda v: (v.speculative, v.name)):  # plain first, as ever
             out = outlooks[view.name]
-            if out.since_routed >= out.probe_interval and self._probeable(snapshot, view):
+            if out.fitted and out.since_routed >= out.probe_interval and self._probeable(snapshot, view):
                 return Decision(view.name, "adaptive_explore")
-        states = [self._state(v, outlooks[v.name]) for v in available]
+        states = [self._state(v, outlooks[v.name], borrowed) for v in available]
         if self.slo_tpot is not None and all(s.open for s in states):  # a capped EAGLE: the cap rule decides
             decision = self._least_harm(snapshot, states)
             if decision is not None:
@@ -256,8 +259,16 @@ class AdaptivePolicy(Policy):
         would be interleaved with the probe's), and EAGLE within its cap."""
         return self._open(view) and snapshot.group_inflight(view) == 0
 
-    def _cold(self, snapshot: PoolSnapshot, available: list[BackendView], outlooks: dict[str, Outlook]) -> Decision:
-        """Before every backend is fitted: measure unfitted ones on idle groups, a lone request speculates."""
+    def _cold(
+        self,
+        snapshot: PoolSnapshot,
+        available: list[BackendView],
+        outlooks: dict[str, Outlook],
+        borrowed: dict[bool, TpotLine],
+    ) -> Decision | None:
+        """Before every backend is fitted: measure unfitted ones on idle groups, a lone request
+        speculates. None when each kind has a fitted backend whose line the unfitted ones of its
+        kind borrow (K groups: one busy group's unmeasured server must not hold every group back)."""
         idle = all(v.inflight == 0 for v in available)
         spec_fitted = any(v.speculative and outlooks[v.name].fitted for v in available)
         by_name = sorted(available, key=lambda v: v.name)
@@ -272,18 +283,23 @@ class AdaptivePolicy(Policy):
         for view in by_name:
             if view.speculative and not outlooks[view.name].fitted and self._probeable(snapshot, view):
                 return Decision(view.name, "adaptive_explore")
+        if all(v.speculative in borrowed for v in available):
+            return None
         plain = [v for v in available if not v.speculative] or [v for v in available if self._open(v)] or available
         least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
         return Decision(least.name, "adaptive_prior")
 
-    def _state(self, view: BackendView, outlook: Outlook) -> BackendState:
-        """The backend as the group rule sees it: its line (EAGLE's scaled by the speculation prior),
-        tau, and the share of expected output its in-flight requests still have to produce."""
-        line = None
+    def _state(self, view: BackendView, outlook: Outlook, borrowed: dict[bool, TpotLine] | None = None) -> BackendState:
+        """The backend as the group rule sees it: its line (EAGLE's scaled by the speculation prior;
+        unfitted, its kind's `borrowed` line), tau, and the share of expected output its in-flight
+        requests still have to produce."""
+        line = (borrowed or {}).get(view.speculative)
         if outlook.fitted:
             assert outlook.estimator is not None
+            line = TpotLine(outlook.estimator.alpha, outlook.estimator.beta)
+        if line is not None:
             factor = self._factor(view.speculative, outlook.evidence)
-            line = TpotLine(outlook.estimator.alpha * factor, outlook.estimator.beta * factor)
+            line = TpotLine(line.alpha * factor, line.beta * factor)
         tau = outlook.tau if view.speculative else 1.0
         produced = view.relayed_chunks * tau
         remaining = max(0.0, 1.0 - produced / view.expected_tokens) if view.expected_tokens > 0 else 0.0
@@ -341,3 +357,16 @@ class AdaptivePolicy(Policy):
 
         best = min((s for s in states if s.line is not None), key=lambda s: (harm(s), predicted[s.name], s.name))
         return Decision(best.name, "adaptive_slo")
+
+
+def _kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> dict[bool, TpotLine]:
+    """Per kind (speculative or not), the mean of its fitted backends' lines (for unfitted ones to borrow)."""
+    lines: dict[bool, list[TpotLine]] = {}
+    for view in available:
+        estimator = outlooks[view.name].estimator
+        if estimator is not None and estimator.fitted:
+            lines.setdefault(view.speculative, []).append(TpotLine(estimator.alpha, estimator.beta))
+    return {
+        kind: TpotLine(sum(x.alpha for x in each) / len(each), sum(x.beta for x in each) / len(each))
+        for kind, each in lines.items()
+    }

@@ -40,7 +40,7 @@ def completion(backend: str, line: Fit, n: float, *, tokens: int = 129, chunks: 
 
 
 def trained(k: int, eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
-    """K groups, each backend fitted exactly to its profile line (loads 1..16), no recent load yet."""
+    """K groups, each backend fitted exactly to its profile line (loads 1..16), recent loads near 1."""
     policy = AdaptivePolicy(**kwargs)  # type: ignore[arg-type]
     idle = groups(*[(0, 0)] * k)
     policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))  # learns each backend's group and kind
@@ -49,7 +49,9 @@ def trained(k: int, eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: obje
         for g in range(k):
             policy.observe(completion(f"g{g}-eagle", eagle, n))
             policy.observe(completion(f"g{g}-plain", plain, n))
-    policy._recent.clear()  # training loads are not the traffic the tests describe
+    for _ in range(30):  # then a quiet spell: each group's recent load settles near 1
+        for g in range(k):
+            policy.observe(completion(f"g{g}-plain", plain, 1))
     for g in range(k):  # every backend just had traffic: no probe is due
         policy.routed(idle, Decision(f"g{g}-eagle", "adaptive_predicted_faster"))
         policy.routed(idle, Decision(f"g{g}-plain", "adaptive_predicted_faster"))
@@ -61,6 +63,7 @@ def test_identical_groups_fill_least_loaded_first() -> None:
     # llama8b-h100: EAGLE is faster well past these loads, so each request speculates, on the idler group.
     assert policy.choose(groups((3, 0), (0, 0))) == Decision("g1-eagle", "adaptive_predicted_faster")
     assert policy.choose(groups((3, 0), (4, 0))) == Decision("g0-eagle", "adaptive_predicted_faster")
+    policy = trained(4, LLAMA_EAGLE, LLAMA_PLAIN)
     placed = groups((0, 0), (0, 0), (0, 0), (0, 0))
     counts = [0, 0, 0, 0]
     for _ in range(12):  # a burst of 12 over 4 idle groups: three each
@@ -125,6 +128,16 @@ def test_a_probe_waits_until_its_group_is_idle() -> None:
     assert policy.choose(busy).reason != "adaptive_explore"
     # g0-plain is due too, but its group is busy: g1's plain server is measured on its idle GPUs.
     assert policy.choose(groups((1, 0), (0, 0))) == Decision("g1-plain", "adaptive_explore")
+
+
+def test_an_unmeasured_group_borrows_its_kind_s_line() -> None:
+    """g1 joined while g0 was busy: its servers use g0's lines until measured, so a busy pool does
+    not fall back to the cold-start rule (plain for everything) for want of an idle moment on g1."""
+    policy = trained(1, LLAMA_EAGLE, LLAMA_PLAIN, points=4000)
+    busy = groups((3, 0), (1, 0))  # no group idle: nothing can be probed
+    decision = policy.choose(busy)
+    assert decision.backend == "g1-eagle" and decision.reason.startswith("adaptive_"), decision
+    assert decision.reason not in ("adaptive_prior", "adaptive_explore")
 
 
 def test_cold_start_over_groups_measures_each_backend_on_an_idle_group() -> None:
