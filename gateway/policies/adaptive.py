@@ -116,8 +116,9 @@ class AdaptivePolicy(Policy):
             fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
             return Decision(fallback[0].name, "adaptive_unavailable")
         outlooks = {v.name: self._outlook(v) for v in available}
-        borrowed = _kind_lines(available, outlooks)
+        borrowed: dict[bool, TpotLine] = {}
         if not all(o.fitted for o in outlooks.values()):
+            borrowed = _kind_lines(available, outlooks)
             cold = self._cold(snapshot, available, outlooks, borrowed)
             if cold is not None:
                 return cold
@@ -126,12 +127,13 @@ class AdaptivePolicy(Policy):
             if out.fitted and out.since_routed >= out.probe_interval and self._probeable(snapshot, view):
                 return Decision(view.name, "adaptive_explore")
         states = [self._state(v, outlooks[v.name], borrowed) for v in available]
-        if self.slo_tpot is not None and all(s.open for s in states):  # a capped EAGLE: the cap rule decides
+        capped = not all(s.open for s in states)
+        if self.slo_tpot is not None and not capped:  # a capped EAGLE: the cap rule decides
             decision = self._least_harm(snapshot, states)
             if decision is not None:
                 return decision
         name, reason = choose_group(states, self._recent)
-        if reason == "adaptive_predicted_faster" and self._capped_was_faster(states, name):
+        if reason == "adaptive_predicted_faster" and capped and self._capped_was_faster(states, name):
             reason = "adaptive_cap"
         return Decision(name, reason)
 
@@ -162,7 +164,8 @@ class AdaptivePolicy(Policy):
         tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
         if tokens < 1 or completion.decode_seconds <= 0.0:
             return
-        if (arm.shared or self.colocated) and completion.mean_group_inflight - completion.mean_inflight > SHARED_TOLERANCE:
+        others = completion.mean_group_inflight - completion.mean_inflight
+        if (arm.shared or self.colocated) and others > SHARED_TOLERANCE:
             # The other server of its group decoded meanwhile and its steps were interleaved with this one's
             # on the shared GPU: this TPOT is not what this server costs on its own.
             arm.shared_skipped += 1
