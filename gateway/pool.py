@@ -7,7 +7,9 @@ timeout, client gone). Like SMG's guard objects, the slot is tied to the respons
 
 Backends of one group share GPUs (co-located servers take turns on them); a backend named in no
 group is a group of its own. The pool keeps each backend's load integral, so a slot can tell
-the mean load its request decoded under, on its backend and on its group.
+the mean load its request decoded under, on its backend and on its group; and, over each backend's
+in-flight requests, the output they are expected to produce and the token-bearing chunks relayed
+to them so far, so a policy can tell in O(1) how much of that output is still to come.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ class Slot:
     """One routed request's hold on a backend, and the load its response decoded under.
 
     `release()` is idempotent; `move_to` re-homes the hold before any byte was exchanged (failover);
-    `mark_token` stamps each generated token, so `decode_window` can tell the request's mean load.
+    `mark_token` stamps each chunk carrying generated tokens, so `decode_window` can tell the
+    request's mean load, and counts it towards its backend's relayed chunks.
     """
 
     __slots__ = ("backend", "_pool", "_released", "acquired_at", "_first", "_last", "_max_tokens", "_expected", "_chunks")
