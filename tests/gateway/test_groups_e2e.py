@@ -87,6 +87,8 @@ async def test_two_groups_share_the_traffic_and_report_it(gateway: GatewayProces
     assert groups["g0"] >= 10 and groups["g1"] >= 10, served  # identical groups fill least-loaded first
     plain = await closed_loop(gateway, 2, 4, headers={"x-specgate-route": "plain"})
     assert set(plain) <= {"g0-plain", "g1-plain"} and sum(plain.values()) == 4, plain
+    eagle = await closed_loop(gateway, 1, 2, headers={"x-specgate-route": "eagle"})
+    assert set(eagle) <= {"g0-eagle", "g1-eagle"} and sum(eagle.values()) == 2, eagle
 
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         status = (await http.get("/admin/status")).json()
