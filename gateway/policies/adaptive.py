@@ -35,6 +35,7 @@ moves the per-decision counters (decisions since each backend last got a request
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -142,9 +143,10 @@ class AdaptivePolicy(Policy):
         last got a request and a pending probe; per group the last decision placed there (status).
         Tau and the recent loads change only in `observe`."""
         self._last[snapshot.get(decision.backend).group] = f"{decision.backend}: {decision.reason}"
+        sizes = Counter(v.group for v in snapshot.backends)
         for view in snapshot.backends:
             arm = self._sync(view)
-            arm.shared = sum(v.group == view.group for v in snapshot.backends) > 1
+            arm.shared = sizes[view.group] > 1
             if view.name == decision.backend:
                 if decision.reason == "adaptive_explore" and arm.estimator.fitted:
                     arm.probe_pending = True  # a probe of a known backend, not a cold-start measurement
