@@ -25,6 +25,7 @@ from backends.config import LaunchConfig
 
 EAGLE = "eagle"
 PLAIN = "plain"
+PAIR_POLICIES = ("threshold", "spill")  # the fixed rules: one EAGLE + plain pair only
 COLOCATED_GROUP = "colocated"  # the one group of external backends declared co-located by the policy flag
 
 
@@ -171,9 +172,27 @@ class Settings(BaseSettings):
             kinds = [b.speculative for b in members]
             if kinds.count(True) > 1 or kinds.count(False) > 1:
                 raise ValueError(f"group {group!r} may hold at most one speculative and one plain backend")
-        if self.backends and sorted(b.speculative for b in self.backends) != [False, True]:
-            raise ValueError("configure exactly one speculative and one plain backend")
+        if self.policy.name in PAIR_POLICIES:
+            self._check_one_pair()
         return self
+
+    def _check_one_pair(self) -> None:
+        """Threshold and spill route between one EAGLE and one plain backend, so refuse more."""
+        name = self.policy.name
+        kinds = [b.speculative for b in self.backends]
+        if self.backends and sorted(kinds) != [False, True]:
+            raise ValueError(
+                f"policy {name!r} serves one pair only: configure exactly one speculative and one plain "
+                f"backend (got {kinds.count(True)} and {kinds.count(False)}), or use policy \"adaptive\" for groups"
+            )
+        launch = self.launch
+        if self.launches_backends and launch.topology == "groups":
+            count = len(launch.groups) if launch.groups is not None else -(-len(launch.gpus) // (launch.group_size or 1))
+            if count > 1:
+                raise ValueError(
+                    f"policy {name!r} serves one pair only, but launch.topology = \"groups\" starts {count} groups: "
+                    'use policy "adaptive" for groups'
+                )
 
     @property
     def grouped_backends(self) -> list[BackendConfig]:
@@ -194,7 +213,7 @@ class Settings(BaseSettings):
         """The [policy] table with `adaptive_colocated` taken from the launch topology when unset."""
         if self.policy.adaptive_colocated is not None:
             return self.policy
-        colocated = self.launches_backends and self.launch.topology == "colocated"
+        colocated = self.launches_backends and self.launch.topology in ("colocated", "groups")
         return self.policy.model_copy(update={"adaptive_colocated": colocated})
 
     @classmethod

@@ -30,11 +30,24 @@ class _PoolCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         inflight = GaugeMetricFamily("specgate_inflight_requests", "Requests routed and not yet finished", labels=["backend"])
         up = GaugeMetricFamily("specgate_backend_up", "1 when the backend receives traffic", labels=["backend"])
+        group_inflight = GaugeMetricFamily(
+            "specgate_group_inflight_requests", "Requests in flight on all backends of a GPU group", labels=["group"]
+        )
+        group_info = GaugeMetricFamily(
+            "specgate_backend_group_info", "The GPU group each backend belongs to (always 1)", labels=["backend", "group", "speculative"]
+        )
+        per_group: dict[str, int] = {}
         for backend in self._pool:
             inflight.add_metric([backend.name], backend.inflight)
             up.add_metric([backend.name], 1.0 if backend.available else 0.0)
+            group_info.add_metric([backend.name, backend.group, str(backend.speculative).lower()], 1.0)
+            per_group[backend.group] = per_group.get(backend.group, 0) + backend.inflight
+        for group, count in per_group.items():
+            group_inflight.add_metric([group], count)
         yield inflight
         yield up
+        yield group_inflight
+        yield group_info
         beliefs = self._beliefs()
         predicted = beliefs.get("predicted_tpot_seconds")
         if predicted:

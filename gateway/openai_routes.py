@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import OpenAIError
+from gateway.policy import MODE_EAGLE, MODE_PLAIN
 from gateway.proxy import ProxyJob, ProxyResponse
 from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
@@ -66,9 +67,12 @@ def _forced_route(rt: Runtime, request: Request) -> str | None:
     forced = request.headers.get(ROUTE_HEADER)
     if forced is None:
         return None
-    if forced not in rt.pool:
+    if forced not in rt.pool and forced not in (MODE_EAGLE, MODE_PLAIN):
         raise OpenAIError(
-            400, f"{ROUTE_HEADER} must name a backend: {', '.join(rt.pool.names)}", param=ROUTE_HEADER, code="invalid_route"
+            400,
+            f"{ROUTE_HEADER} must name a backend ({', '.join(rt.pool.names)}) or a mode ({MODE_EAGLE}, {MODE_PLAIN})",
+            param=ROUTE_HEADER,
+            code="invalid_route",
         )
     return forced
 

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.errors import OpenAIError
 from gateway.openai_routes import runtime_of
+from gateway.pool import Pool
 from gateway.redact import redact_server_info
 
 router = APIRouter()
@@ -56,11 +57,13 @@ async def admin_status(request: Request) -> dict[str, Any]:
         "draining": rt.draining,
         "inflight": rt.pool.total_inflight,
         "limits": {**rt.budget.describe(rt.settings.limits.max_inflight), "client_connections": len(rt.client_connections)},
+        "groups": _groups(rt.pool),
         "backends": [
             {
                 "name": b.name,
                 "url": b.url,
                 "speculative": b.speculative,
+                "group": b.group,
                 "state": b.health.value,
                 "detail": b.health_detail,
                 "served_model_name": b.served_model_name,
@@ -70,6 +73,16 @@ async def admin_status(request: Request) -> dict[str, Any]:
             for b in rt.pool
         ],
     }
+
+
+def _groups(pool: Pool) -> dict[str, dict[str, Any]]:
+    """Each GPU group: its backends and their total in-flight count."""
+    groups: dict[str, dict[str, Any]] = {}
+    for b in pool:
+        entry = groups.setdefault(b.group, {"backends": [], "inflight": 0})
+        entry["backends"].append(b.name)
+        entry["inflight"] += b.inflight
+    return groups
 
 
 async def _pass_through(request: Request, path: str, redact: Callable[[bytes], bytes] | None = None) -> Response:

@@ -23,6 +23,7 @@ from typing import Any
 
 from gateway.pool import PoolSnapshot
 
+MODE_EAGLE, MODE_PLAIN = "eagle", "plain"  # x-specgate-route values that name a mode, not a backend
 FAILOVER = "failover_retry"  # the reason label of a request moved after a connection failure
 
 
@@ -44,6 +45,7 @@ class Completion:
     decode_seconds: float  # first to last content chunk
     mean_inflight: float  # the backend's mean in-flight count while this request decoded
     mean_group_inflight: float  # the same for all backends of its group (those sharing its GPUs)
+    token_chunks: int = 0  # stream chunks that carried generated tokens (EAGLE: tokens / chunks = acceptance length)
 
 
 class Policy(ABC):
@@ -78,11 +80,13 @@ class Policy(ABC):
 def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None) -> Decision | None:
     """Decide for one request; None when no backend can serve it.
 
-    `forced` (the x-specgate-route header, already validated as a backend name) wins when that
-    backend can serve; a forced request is never silently moved, so it gets None otherwise.
+    `forced` (the x-specgate-route header, already validated) wins when it can be served: a backend
+    name, that backend; `eagle` or `plain` naming no backend, that mode (its least-loaded available
+    backend). A forced request is never silently moved, so it gets None otherwise.
     """
     if forced is not None:
-        return Decision(forced, "forced") if snapshot.get(forced).available else None
+        target = forced_backend(snapshot, forced)
+        return Decision(target, "forced") if target is not None else None
     decision = policy.choose(snapshot)
     if snapshot.get(decision.backend).available:
         return decision
@@ -90,6 +94,17 @@ def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None) -> 
         if other.available:
             return Decision(other.name, "fallback_unavailable")
     return None
+
+
+def forced_backend(snapshot: PoolSnapshot, forced: str) -> str | None:
+    """The available backend a forced route names (see `route`), or None."""
+    names = {b.name for b in snapshot.backends}
+    if forced in names:
+        return forced if snapshot.get(forced).available else None
+    mode = [b for b in snapshot.backends if b.available and b.speculative == (forced == MODE_EAGLE)]
+    if forced not in (MODE_EAGLE, MODE_PLAIN) or not mode:
+        return None
+    return min(mode, key=lambda b: (b.inflight, snapshot.group_inflight(b), b.name)).name
 
 
 def failover(policy: Policy, snapshot: PoolSnapshot, failed: str) -> Decision | None:

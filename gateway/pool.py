@@ -7,7 +7,9 @@ timeout, client gone). Like SMG's guard objects, the slot is tied to the respons
 
 Backends of one group share GPUs (co-located servers take turns on them); a backend named in no
 group is a group of its own. The pool keeps each backend's load integral, so a slot can tell
-the mean load its request decoded under, on its backend and on its group.
+the mean load its request decoded under, on its backend and on its group; and, over each backend's
+in-flight requests, the output they are expected to produce and the token-bearing chunks relayed
+to them so far, so a policy can tell in O(1) how much of that output is still to come.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
+
+OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
 
 
 class Health(enum.Enum):
@@ -37,6 +41,10 @@ class BackendView:
     available: bool
     inflight: int
     group: str = ""  # empty: a group of its own (named after the backend)
+    # Over its in-flight requests: the output tokens they are expected to produce in all, and the
+    # token-bearing chunks relayed to them so far (a policy turns chunks into tokens).
+    expected_tokens: float = 0.0
+    relayed_chunks: int = 0
 
     def __post_init__(self) -> None:
         if not self.group:
@@ -95,6 +103,10 @@ class Backend:
     health_detail: str = ""
     inflight: int = 0
     served: int = 0
+    # Sums over the in-flight requests (see BackendView), kept in O(1) by their slots.
+    expected_tokens: float = 0.0
+    relayed_chunks: int = 0
+    mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
     _load_since: float = field(default_factory=time.monotonic)
@@ -121,15 +133,19 @@ class Slot:
     """One routed request's hold on a backend, and the load its response decoded under.
 
     `release()` is idempotent; `move_to` re-homes the hold before any byte was exchanged (failover);
-    `mark_token` stamps each generated token, so `decode_window` can tell the request's mean load.
+    `mark_token` stamps each chunk carrying generated tokens, so `decode_window` can tell the
+    request's mean load, and counts it towards its backend's relayed chunks.
     """
 
-    __slots__ = ("backend", "_pool", "_released", "acquired_at", "_first", "_last")
+    __slots__ = ("backend", "_pool", "_released", "acquired_at", "_first", "_last", "_max_tokens", "_expected", "_chunks")
 
-    def __init__(self, pool: Pool, backend: Backend) -> None:
+    def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None) -> None:
         self._pool = pool
         self.backend = backend
         self._released = False
+        self._max_tokens = max_tokens
+        self._chunks = 0
+        self._expected = self._expect(backend)
         self.acquired_at = time.monotonic()
         # (time, backend load area, group load area) at the first and the latest token.
         self._first: tuple[float, float, float] | None = None
@@ -145,6 +161,14 @@ class Slot:
             return
         self._released = True
         self._pool._release(self.backend)
+        self.backend.expected_tokens -= self._expected
+        self.backend.relayed_chunks -= self._chunks
+
+    def _expect(self, backend: Backend) -> float:
+        """Count this request's expected output on `backend`: its max_tokens, else the backend's mean length."""
+        expected = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
+        backend.expected_tokens += expected
+        return expected
 
     def move_to(self, name: str) -> None:
         """Hold backend `name` instead: the old one's count drops by one, the new one's rises by one."""
@@ -153,7 +177,9 @@ class Slot:
         if self._first is not None:
             raise RuntimeError("a slot cannot move once its response has started")
         self._pool._release(self.backend)
+        self.backend.expected_tokens -= self._expected
         self.backend = self._pool._take(name)
+        self._expected = self._expect(self.backend)
 
     def mark_token(self, now: float) -> None:
         """A chunk carrying generated tokens arrived at `now` (time.monotonic())."""
@@ -161,6 +187,8 @@ class Slot:
         if self._first is None:
             self._first = mark
         self._last = mark
+        self._chunks += 1
+        self.backend.relayed_chunks += 1
 
     def decode_window(self) -> DecodeWindow | None:
         """First to last token and the mean loads over it; None before two tokens at distinct times."""
@@ -206,13 +234,20 @@ class Pool:
         """The current state as plain data for a policy."""
         return PoolSnapshot(
             tuple(
-                BackendView(b.name, b.speculative, b.available, b.inflight, b.group) for b in self._backends.values()
+                BackendView(b.name, b.speculative, b.available, b.inflight, b.group, b.expected_tokens, b.relayed_chunks)
+                for b in self._backends.values()
             )
         )
 
-    def acquire(self, name: str) -> Slot:
-        """Take an in-flight slot on backend `name`."""
-        return Slot(self, self._take(name))
+    def acquire(self, name: str, max_tokens: int | None = None) -> Slot:
+        """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output, if any."""
+        return Slot(self, self._take(name), max_tokens)
+
+    def record_output(self, name: str, tokens: int) -> None:
+        """A response of `tokens` output tokens finished on `name`: update its mean length (EWMA)."""
+        backend = self._backends[name]
+        mean = backend.mean_output_tokens
+        backend.mean_output_tokens = float(tokens) if mean is None else mean + OUTPUT_EWMA * (tokens - mean)
 
     def _take(self, name: str) -> Backend:
         backend = self._backends[name]

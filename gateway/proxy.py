@@ -47,6 +47,15 @@ class ProxyJob:
     request_id: str
     arrived_at: float  # time.monotonic() when the request reached the gateway
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The client's limit on output tokens, when it gave one (the routing policy's expected length)."""
+        for key in ("max_completion_tokens", "max_tokens"):
+            value = self.body.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
 
 async def _client_gone(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
@@ -157,9 +166,9 @@ class ProxyResponse(Response):
         snapshot = rt.pool.snapshot()
         decision = route(rt.policy, snapshot, job.forced)
         if decision is None:
-            target = f"backend {job.forced!r} is" if job.forced else "no backend is"
+            target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
             raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
-        self._slot = rt.pool.acquire(decision.backend)
+        self._slot = rt.pool.acquire(decision.backend, job.max_tokens)
         self._placed(snapshot, decision)
 
     def _fail_over(self, failed: str) -> bool:
@@ -354,13 +363,16 @@ class ProxyResponse(Response):
                     decode_seconds=window.seconds,
                     mean_inflight=window.mean_inflight,
                     mean_group_inflight=window.mean_group_inflight,
+                    token_chunks=result.token_chunks,
                 )
             )
 
     def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> None:
         if not usage:
             return
-        self._rt.metrics.output_tokens.labels(backend).inc(int(usage.get("completion_tokens") or 0))
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        self._rt.pool.record_output(backend, completion_tokens)
+        self._rt.metrics.output_tokens.labels(backend).inc(completion_tokens)
         self._rt.metrics.prompt_tokens.labels(backend).inc(int(usage.get("prompt_tokens") or 0))
 
     async def _fail(self, send: Send, status: int, message: str, code: str) -> None:

@@ -59,12 +59,14 @@ def plan_document(settings: Settings, plan: LaunchPlan, eagle_cap: int) -> dict[
                 "argv": list(redact_argv(p.argv)),
                 "command": shell_command(p),
                 "env": redact_env(p.env),
+                "start_after": p.start_after,
                 "endpoints": [
                     {
                         "backend": e.backend,
                         "url": e.url,
                         "speculative": e.speculative,
                         "served_model_name": e.served_model_name,
+                        "group": e.group,
                     }
                     for e in p.endpoints
                 ],
@@ -91,15 +93,20 @@ def plan_text(settings: Settings, plan: LaunchPlan, eagle_cap: int) -> str:
         f"(EAGLE cap {eagle_cap}), {len(plan.processes)} process(es)"
     )
     if plan.sequential:
-        lines.append("start order: one at a time, each once the previous one is ready")
+        lines.append(
+            "start order: in parallel, except that each co-located group starts its plain server "
+            "once its EAGLE server is ready"
+        )
     for key in _unset_ports(settings):
         lines.append(f"note: {key} is unset, so a free port is picked at each start (this run: below)")
     for process in plan.processes:
         lines += ["", f"[{process.name}]"]
+        if process.start_after is not None:
+            lines.append(f"  starts once {process.start_after} is ready")
         for e in process.endpoints:
             kind = "speculative" if e.speculative else "plain"
             model = f", model {e.served_model_name}" if e.served_model_name else ""
-            lines.append(f"  serves {e.backend} at {e.url} ({kind}{model})")
+            lines.append(f"  serves {e.backend} at {e.url} (group {e.group}, {kind}{model})")
         for key, value in redact_env(process.env).items():
             lines.append(f"  env {key}={shlex.quote(value)}")
         lines.append("  " + shell_command(process, multiline=True).replace("\n", "\n  "))

@@ -1,7 +1,8 @@
 """The routing policies behind `gateway.policy.Policy`, and `make_policy` to build the configured one.
 
-`static` holds the fixed rules (threshold, spill), `adaptive` the learning one, and `tpot_fit`
-the robust TPOT-vs-load fit it learns with.
+`static` holds the fixed rules (threshold, spill: one EAGLE + plain pair), `adaptive` the learning
+one (K GPU groups), with `group_choice` its pure (group, mode) rule, `adaptive_state` what it keeps
+per backend and reports per group, and `tpot_fit` the robust TPOT-vs-load fit it learns with.
 """
 
 from __future__ import annotations

@@ -677,8 +677,10 @@ def test_plan_json_is_the_plan() -> None:
             "url": "http://127.0.0.1:30001",
             "speculative": True,
             "served_model_name": "llama-3.3-70b-instruct",
+            "group": "eagle",
         }
     ]
+    assert [p["start_after"] for p in doc["processes"]] == [None, None]
     assert doc["processes"][1]["command"].startswith("CUDA_VISIBLE_DEVICES=4,5,6,7 python3 -m sglang.launch_server ")
 
 
@@ -697,6 +699,25 @@ def test_plan_text_is_pasteable_and_lists_warnings(tmp_path: Path) -> None:
     code, output = run_plan("--config", str(config), "--json")
     assert code == 0 and "top-secret" not in output
     assert run_plan("--config", str(config), "--strict")[0] == 1
+
+
+def test_plan_of_groups_shows_each_group_and_its_start_order(tmp_path: Path) -> None:
+    config = tmp_path / "groups.toml"
+    config.write_text(
+        '[launch]\nengine = "sglang"\nmodel_path = "/m"\ndraft_model_path = "/d"\ntopology = "groups"\n'
+        "groups = [[0], [1]]\n"
+    )
+    code, output = run_plan("--config", str(config))
+    assert code == 0, output
+    assert "start order: in parallel, except that each co-located group starts its plain server once its EAGLE" in output
+    assert "  starts once g0-eagle is ready" in output and "  starts once g1-eagle is ready" in output
+    assert "(group g0, speculative" in output and "(group g1, plain" in output
+    doc = json.loads(run_plan("--config", str(config), "--json")[1])
+    assert doc["sequential"] is True
+    after = {p["name"]: p["start_after"] for p in doc["processes"]}
+    groups = {e["backend"]: e["group"] for p in doc["processes"] for e in p["endpoints"]}
+    assert groups == {"g0-eagle": "g0", "g0-plain": "g0", "g1-eagle": "g1", "g1-plain": "g1"}
+    assert sum(v is not None for v in after.values()) == 2
 
 
 def test_plan_names_unset_ports_and_external_backends(tmp_path: Path) -> None:

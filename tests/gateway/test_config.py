@@ -97,8 +97,6 @@ def test_the_colocated_flag_makes_ungrouped_backends_one_group() -> None:
 @pytest.mark.parametrize(
     ("specs", "message"),
     [
-        ((("e", True, None), ("p", False, None), ("q", False, None)), "exactly one speculative and one plain"),
-        ((("e", True, None), ("f", True, None)), "exactly one speculative and one plain"),
         ((("e", True, "g"), ("f", True, "g"), ("p", False, None)), "at most one speculative and one plain"),
         ((("e", True, None), ("e", False, None)), "unique"),
     ],
@@ -106,6 +104,36 @@ def test_the_colocated_flag_makes_ungrouped_backends_one_group() -> None:
 def test_invalid_backend_lists_are_refused(specs: tuple[tuple[str, bool, str | None], ...], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         backends(*specs)
+
+
+def test_adaptive_serves_k_groups_and_lone_backends() -> None:
+    settings = backends(("g0-e", True, "g0"), ("g0-p", False, "g0"), ("g1-e", True, "g1"), ("g1-p", False, "g1"))
+    assert groups_of(settings) == {"g0-e": "g0", "g0-p": "g0", "g1-e": "g1", "g1-p": "g1"}
+    assert groups_of(backends(("p", False, None), ("q", False, None))) == {"p": "p", "q": "q"}
+    assert groups_of(backends(("e", True, None))) == {"e": "e"}
+
+
+@pytest.mark.parametrize("policy", ["threshold", "spill"])
+@pytest.mark.parametrize(
+    "specs",
+    [
+        (("e", True, None), ("p", False, None), ("q", False, None)),
+        (("e", True, None), ("f", True, None)),
+        (("e", True, "g0"), ("p", False, "g0"), ("f", True, "g1"), ("q", False, "g1")),
+    ],
+)
+def test_fixed_rules_serve_one_pair_only(policy: str, specs: tuple[tuple[str, bool, str | None], ...]) -> None:
+    with pytest.raises(ValidationError, match=f"policy '{policy}' serves one pair only"):
+        backends(*specs, name=policy)
+
+
+def test_fixed_rules_refuse_a_launch_of_several_groups() -> None:
+    launch = {"engine": "sim", "topology": "groups", "groups": [[0], [1]]}
+    with pytest.raises(ValidationError, match="serves one pair only"):
+        Settings.model_validate({"launch": launch, "policy": {"name": "spill"}})
+    one = Settings.model_validate({"launch": {**launch, "groups": [[0]]}, "policy": {"name": "threshold"}})
+    assert one.policy.name == "threshold"
+    assert Settings.model_validate({"launch": launch}).resolved_policy.adaptive_colocated is True
 
 
 def test_colocated_follows_the_launch_topology_unless_set() -> None:

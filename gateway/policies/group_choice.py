@@ -3,7 +3,7 @@
 A group is a set of GPUs running one EAGLE-3 server and one plain server co-located (their decode
 steps take turns: while both have running requests a round costs step_e(n_e) + step_p(n_p)), or a
 single server on GPUs of its own (a group of one: partitioned). Inputs are plain frozen data: per
-backend its fitted TPOT line (`TPOT(n) = alpha + beta*n`, gateway/estimator.py), its in-flight
+backend its fitted TPOT line (`TPOT(n) = alpha + beta*n`, gateway/policies/tpot_fit.py), its in-flight
 count, its acceptance length `tau` (so its step is `tau * TPOT`), and the share of their output
 its in-flight requests have still to produce; per group the load its recent requests ran under.
 

@@ -1,0 +1,126 @@
+"""What the adaptive policy keeps per backend and reports per group (gateway/policies/adaptive.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.policies.group_choice import BackendState
+from gateway.policies.tpot_fit import TpotEstimator
+from gateway.pool import PoolSnapshot
+
+# Weak prior that speculation is the faster choice for the first requests: EAGLE's prediction is
+# scaled by 1 - SPEC_PRIOR * w0 / (w0 + evidence), fading as its evidence (in full-length
+# responses) grows. It keeps one noisy short warm-up response from parking a lone request on the
+# plain server until the next probe.
+SPEC_PRIOR = 0.2
+SPEC_PRIOR_WEIGHT = 1.0
+# Co-located: a response counts only if the other server had at most this many requests in flight
+# on average while it decoded.
+SHARED_TOLERANCE = 0.25
+# A probe costs one request's slowdown when partitioned, but co-located its steps slow every request
+# on the other server for as long as it decodes (12% of a level's throughput on llama8b-h100 at
+# C=32, docs/adaptive.md), and traffic that arrives meanwhile makes its response unusable. Probes
+# that teach nothing new therefore back off exponentially, to at most this many intervals.
+PROBE_BACKOFF_LIMIT = 16
+# A probe "agrees" when its TPOT is within this share of the fit's prediction.
+PROBE_AGREEMENT = 0.15
+# Weight of each finished response in its group's recent load (issue 12: the rule's evaluated rate).
+RECENT_LOAD_RATE = 0.25
+# Each response's weight in an EAGLE backend's acceptance length: sums decay by this per response.
+TAU_DECAY = 0.98
+
+
+@dataclass
+class Arm:
+    """What the policy keeps per backend."""
+
+    estimator: TpotEstimator
+    probe_interval: int  # decisions without traffic after which it is probed (backs off)
+    speculative: bool | None = None  # learned from the first snapshot that lists the backend
+    group: str = ""  # likewise; empty until a snapshot listed it
+    shared: bool = False  # its group holds another backend (co-located): they share GPUs
+    since_routed: int = 0  # decisions since it last received a request
+    was_available: bool = False  # as the last routed snapshot showed it
+    shared_skipped: int = 0  # co-located: responses not used because the other server was busy
+    probe_pending: bool = False  # a probe was sent; its response (the next one seen) judges it
+    tau_tokens: float = 0.0  # decayed sums of completion tokens and of token-bearing chunks
+    tau_chunks: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Output tokens per token-bearing chunk (EAGLE: the acceptance length); 1 until measured."""
+        return self.tau_tokens / self.tau_chunks if self.tau_chunks > 0.0 else 1.0
+
+    def learn_tau(self, tokens: int, chunks: int) -> None:
+        """Add one response's tokens and chunks to the acceptance length."""
+        if tokens < 1 or chunks < 1:
+            return
+        self.tau_tokens = TAU_DECAY * self.tau_tokens + tokens
+        self.tau_chunks = TAU_DECAY * self.tau_chunks + chunks
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "speculative": self.speculative,
+            "group": self.group,
+            **self.estimator.describe(),
+            "tau": self.tau,
+            "shared_skipped": self.shared_skipped,
+            "probe_interval": self.probe_interval,
+        }
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """A backend as `choose` sees it: its arm as `routed` will leave it once it has seen the snapshot."""
+
+    estimator: TpotEstimator | None  # None: never seen, so nothing fitted
+    since_routed: int
+    probe_interval: int
+    evidence: float  # the fit's evidence, for the speculation prior
+    tau: float
+
+    @property
+    def fitted(self) -> bool:
+        return self.estimator is not None and self.estimator.fitted
+
+
+def crossover(arms: Iterable[Arm]) -> float | None:
+    """Where the first EAGLE and the first plain arm's fitted lines cross (see AdaptivePolicy.crossover)."""
+    listed = list(arms)
+    spec = next((a.estimator for a in listed if a.speculative), None)
+    plain = next((a.estimator for a in listed if a.speculative is False), None)
+    if spec is None or plain is None or not (spec.fitted and plain.fitted):
+        return None
+    gap = plain.alpha - spec.alpha  # how much slower plain is at zero load
+    slope_gap = spec.beta - plain.beta  # how much faster EAGLE's TPOT grows per request
+    if gap <= 0.0:
+        return 0.0 if slope_gap >= 0.0 else math.inf
+    if slope_gap <= 0.0:
+        return math.inf
+    return gap / slope_gap
+
+
+def group_beliefs(
+    snapshot: PoolSnapshot, states: Sequence[BackendState], recent: Mapping[str, float]
+) -> dict[str, dict[str, Any]]:
+    """Per group: what it runs now, the mode its fits prefer for its expected load, its loads."""
+    out: dict[str, dict[str, Any]] = {}
+    for view in snapshot.backends:
+        out.setdefault(view.group, {"backends": [], "inflight": 0})
+        out[view.group]["backends"].append(view.name)
+        out[view.group]["inflight"] += view.inflight
+    for group, entry in out.items():
+        members = [s for s in states if s.group == group]
+        busy = {s.speculative for s in members if s.inflight > 0}
+        entry["mode"] = "idle" if not busy else "mixed" if len(busy) == 2 else "eagle" if True in busy else "plain"
+        entry["recent_load"] = recent.get(group)
+        load = max(entry["inflight"] + 1.0, recent.get(group, 0.0))
+        fitted = [s for s in members if s.line is not None and s.available]
+        if fitted:
+            best = min(fitted, key=lambda s: s.line.at(load) if s.line is not None else math.inf)
+            entry["preferred_mode"] = "eagle" if best.speculative else "plain"
+        entry["remaining"] = {s.name: s.remaining for s in members}
+    return out

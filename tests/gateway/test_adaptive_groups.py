@@ -1,0 +1,182 @@
+"""The adaptive policy across K GPU groups, as a function of plain snapshots and Completions.
+
+Each group is a co-located EAGLE + plain pair (`g0-eagle`, `g0-plain`, ...). Lines are field-8gpu's
+and llama8b-h100's (test_adaptive.py), trained with exact points, so every prediction can be worked
+out by hand. The group rule itself is gateway/policies/group_choice.py (test_group_choice.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.policies import AdaptivePolicy
+from gateway.policies.adaptive_state import RECENT_LOAD_RATE
+from gateway.policies.group_choice import BackendState, TpotLine
+from gateway.policies.group_choice import choose as group_choose
+from gateway.policies.tpot_fit import Fit
+from gateway.policy import Completion, Decision, route
+from gateway.pool import Backend, BackendView, Pool, PoolSnapshot
+from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN, LLAMA_EAGLE, LLAMA_PLAIN
+
+
+def view(group: str, mode: str, n: int = 0, *, up: bool = True, expected: float = 0.0, chunks: int = 0) -> BackendView:
+    return BackendView(f"{group}-{mode}", mode == "eagle", up, n, group, expected, chunks)
+
+
+def groups(*loads: tuple[int, int], **extra: BackendView) -> PoolSnapshot:
+    """One group per (eagle, plain) in-flight pair: g0, g1, ...; `extra` replaces a backend by name."""
+    views = []
+    for i, (e, p) in enumerate(loads):
+        for mode, n in (("eagle", e), ("plain", p)):
+            v = view(f"g{i}", mode, n)
+            views.append(extra.get(v.name.replace("-", "_"), v))
+    return PoolSnapshot(tuple(views))
+
+
+def completion(backend: str, line: Fit, n: float, *, tokens: int = 129, chunks: int = 0, group_load: float | None = None) -> Completion:
+    decode = line.at(n) * (tokens - 1)
+    load = n if group_load is None else group_load
+    return Completion(backend, tokens, 0.02, decode, mean_inflight=n, mean_group_inflight=load, token_chunks=chunks)
+
+
+def trained(k: int, eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
+    """K groups, each backend fitted exactly to its profile line (loads 1..16), recent loads near 1."""
+    policy = AdaptivePolicy(**kwargs)  # type: ignore[arg-type]
+    idle = groups(*[(0, 0)] * k)
+    policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))  # learns each backend's group and kind
+    for i in range(points):
+        n = 1 + i % 16
+        for g in range(k):
+            policy.observe(completion(f"g{g}-eagle", eagle, n))
+            policy.observe(completion(f"g{g}-plain", plain, n))
+    for _ in range(30):  # then a quiet spell: each group's recent load settles near 1
+        for g in range(k):
+            policy.observe(completion(f"g{g}-plain", plain, 1))
+    for g in range(k):  # every backend just had traffic: no probe is due
+        policy.routed(idle, Decision(f"g{g}-eagle", "adaptive_predicted_faster"))
+        policy.routed(idle, Decision(f"g{g}-plain", "adaptive_predicted_faster"))
+    return policy
+
+
+def test_identical_groups_fill_least_loaded_first() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    # llama8b-h100: EAGLE is faster well past these loads, so each request speculates, on the idler group.
+    assert policy.choose(groups((3, 0), (0, 0))) == Decision("g1-eagle", "adaptive_predicted_faster")
+    assert policy.choose(groups((3, 0), (4, 0))) == Decision("g0-eagle", "adaptive_predicted_faster")
+    policy = trained(4, LLAMA_EAGLE, LLAMA_PLAIN)
+    placed = groups((0, 0), (0, 0), (0, 0), (0, 0))
+    counts = [0, 0, 0, 0]
+    for _ in range(12):  # a burst of 12 over 4 idle groups: three each
+        decision = policy.choose(placed)
+        g = int(decision.backend[1])
+        counts[g] += 1
+        placed = groups(*[(c, 0) for c in counts])
+    assert counts == [3, 3, 3, 3]
+
+
+def test_one_group_is_the_group_rule_on_its_own() -> None:
+    """With one group the policy asks group_choice exactly what the co-located rule asks."""
+    policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)  # the speculation prior has faded
+    for e, p in ((0, 0), (1, 0), (0, 1), (3, 0), (0, 5), (2, 2)):
+        states = [
+            BackendState("g0-eagle", "g0", True, True, e, cap=128, line=TpotLine(FIELD_EAGLE.alpha, FIELD_EAGLE.beta)),
+            BackendState("g0-plain", "g0", False, True, p, line=TpotLine(FIELD_PLAIN.alpha, FIELD_PLAIN.beta)),
+        ]
+        assert policy.choose(groups((e, p))).backend == group_choose(states)[0], (e, p)
+    # field-8gpu's crossover is ~1.7: a group carrying more than one runs plain, whole.
+    assert policy.choose(groups((0, 1))).backend == "g0-plain"
+    assert policy.choose(groups((0, 0))).backend == "g0-eagle"
+
+
+def test_a_group_that_just_started_a_burst_on_eagle_stays_there() -> None:
+    """Rule 2: switching mode pays both servers' steps until EAGLE's requests drain, so a group whose
+    EAGLE requests have just started stays in EAGLE; once they are nearly done it switches."""
+    policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)
+    policy.observe(completion("g0-eagle", FIELD_EAGLE, 2, group_load=2.0))  # the group carried 2 recently
+    fresh = groups((2, 0), g0_eagle=view("g0", "eagle", 2, expected=256.0, chunks=0))
+    assert policy.choose(fresh) == Decision("g0-eagle", "adaptive_group_stay")
+    # 80 chunks at tau 3 (learned below): 240 of 256 tokens made, the requests are nearly done.
+    policy.observe(completion("g0-eagle", FIELD_EAGLE, 2, chunks=43, group_load=2.0))
+    done = groups((2, 0), g0_eagle=view("g0", "eagle", 2, expected=256.0, chunks=80))
+    assert policy.choose(done) == Decision("g0-plain", "adaptive_predicted_faster")
+
+
+def test_tau_recent_load_and_remaining_are_learned_from_completions() -> None:
+    policy = AdaptivePolicy()
+    snapshot = groups((0, 0), (0, 0))
+    policy.routed(snapshot, Decision("g0-eagle", "adaptive_prior"))
+    policy.observe(completion("g0-eagle", FIELD_EAGLE, 1, tokens=129, chunks=43, group_load=2.0))
+    policy.observe(completion("g0-plain", FIELD_PLAIN, 1, tokens=64, chunks=64, group_load=4.0))
+    policy.attach(lambda: groups((2, 0), (0, 0), g0_eagle=view("g0", "eagle", 2, expected=300.0, chunks=30)))
+    beliefs = policy.beliefs()
+    assert beliefs["backends"]["g0-eagle"]["tau"] == pytest.approx(3.0)
+    assert beliefs["backends"]["g0-plain"]["tau"] == pytest.approx(1.0)
+    g0 = beliefs["groups"]["g0"]
+    assert g0["recent_load"] == pytest.approx(2.0 + RECENT_LOAD_RATE * (4.0 - 2.0))
+    assert beliefs["groups"]["g1"]["recent_load"] is None  # nothing finished there yet
+    assert g0["remaining"]["g0-eagle"] == pytest.approx(1.0 - 30 * 3.0 / 300.0)  # chunks x tau of expected
+    assert g0["mode"] == "eagle" and beliefs["groups"]["g1"]["mode"] == "idle"
+    assert g0["inflight"] == 2 and g0["backends"] == ["g0-eagle", "g0-plain"]
+    assert g0["last_decision"] == "g0-eagle: adaptive_prior" and beliefs["groups"]["g1"]["last_decision"] is None
+
+
+def test_a_probe_waits_until_its_group_is_idle() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN, probe_every=3)
+    for _ in range(3):  # only g0-eagle gets traffic: g1's backends fall due for a probe
+        policy.routed(groups((0, 0), (0, 0)), Decision("g0-eagle", "adaptive_predicted_faster"))
+    busy = groups((1, 0), (1, 0))
+    assert policy.choose(busy).reason != "adaptive_explore"
+    # g0-plain is due too, but its group is busy: g1's plain server is measured on its idle GPUs.
+    assert policy.choose(groups((1, 0), (0, 0))) == Decision("g1-plain", "adaptive_explore")
+
+
+def test_an_unmeasured_group_borrows_its_kind_s_line() -> None:
+    """g1 joined while g0 was busy: its servers use g0's lines until measured, so a busy pool does
+    not fall back to the cold-start rule (plain for everything) for want of an idle moment on g1."""
+    policy = trained(1, LLAMA_EAGLE, LLAMA_PLAIN, points=4000)
+    busy = groups((3, 0), (1, 0))  # no group idle: nothing can be probed
+    decision = policy.choose(busy)
+    assert decision.backend == "g1-eagle" and decision.reason.startswith("adaptive_"), decision
+    assert decision.reason not in ("adaptive_prior", "adaptive_explore")
+
+
+def test_cold_start_over_groups_measures_each_backend_on_an_idle_group() -> None:
+    policy = AdaptivePolicy()
+    assert policy.choose(groups((0, 0), (0, 0))) == Decision("g0-eagle", "adaptive_prior")  # a lone request speculates
+    # g0 is busy: the unfitted plain server of the idle group g1 is measured there.
+    assert policy.choose(groups((1, 0), (0, 0))) == Decision("g1-plain", "adaptive_explore")
+    # Every group busy: plain decode on the least-loaded group.
+    assert policy.choose(groups((2, 0), (1, 0))) == Decision("g1-plain", "adaptive_prior")
+
+
+def test_route_header_names_a_backend_or_a_mode() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    snapshot = groups((0, 3), (0, 1))
+    assert route(policy, snapshot, "plain") == Decision("g1-plain", "forced")
+    # Both EAGLE servers idle: the one whose group carries less.
+    assert route(policy, snapshot, "eagle") == Decision("g1-eagle", "forced")
+    assert route(policy, snapshot, "g0-plain") == Decision("g0-plain", "forced")
+    down = groups((0, 3), (0, 1), g0_plain=view("g0", "plain", 3, up=False), g1_plain=view("g1", "plain", up=False))
+    assert route(policy, down, "plain") is None
+    # One pair named eagle/plain: the names keep their meaning.
+    pair = PoolSnapshot((BackendView("eagle", True, True, 5), BackendView("plain", False, True, 0)))
+    assert route(policy, pair, "eagle") == Decision("eagle", "forced")
+
+
+def test_the_pool_keeps_expected_tokens_and_relayed_chunks_in_o1() -> None:
+    pool = Pool([Backend("g0-eagle", "http://e", True, group="g0"), Backend("g0-plain", "http://p", False, group="g0")])
+    a = pool.acquire("g0-eagle", max_tokens=100)
+    b = pool.acquire("g0-eagle")  # no max_tokens and no history yet: nothing expected
+    for t in range(5):
+        a.mark_token(float(t))
+    b.mark_token(0.0)
+    eagle = pool.snapshot().get("g0-eagle")
+    assert (eagle.expected_tokens, eagle.relayed_chunks) == (100.0, 6)
+    pool.record_output("g0-plain", 40)
+    c = pool.acquire("g0-eagle")
+    c.move_to("g0-plain")  # failover before any byte: its expectation moves with it, at the new backend's mean
+    assert pool.snapshot().get("g0-plain").expected_tokens == 40.0
+    for slot in (a, b, c, a):  # release is idempotent
+        slot.release()
+    after = pool.snapshot()
+    assert all(v.expected_tokens == 0.0 and v.relayed_chunks == 0 and v.inflight == 0 for v in after.backends)
