@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -656,6 +657,21 @@ def test_redaction_hides_keys_in_both_flag_forms_and_secret_env() -> None:
 # --- specgate plan ----------------------------------------------------------------------------
 
 
+def plan_outputs(config: str) -> tuple[str, dict[str, Any]]:
+    """`specgate plan`'s text and its --json document for `config`, both of a successful run."""
+    code, output = run_plan("--config", config)
+    assert code == 0, output
+    code, raw = run_plan("--config", config, "--json")
+    assert code == 0, raw
+    return output, json.loads(raw)
+
+
+def write_config(path: Path, text: str) -> str:
+    """Write a config file for `specgate plan`; its path as an argument."""
+    path.write_text(text)
+    return str(path)
+
+
 def run_plan(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, ["plan", *args])
     return result.exit_code, result.output
@@ -685,34 +701,32 @@ def test_plan_json_is_the_plan() -> None:
 
 
 def test_plan_text_is_pasteable_and_lists_warnings(tmp_path: Path) -> None:
-    config = tmp_path / "node.toml"
-    config.write_text(
+    config = write_config(
+        tmp_path / "node.toml",
         '[launch]\nengine = "sglang"\nmodel_path = "/m"\nbackend_api_key = "top-secret"\n'
         "[launch.eagle]\ngpus = [0, 1]\nport = 30001\n[launch.plain]\ngpus = [1, 2]\nport = 30002\n"
     )
-    code, output = run_plan("--config", str(config))
+    code, output = run_plan("--config", config)
     assert code == 0, output
     assert "top-secret" not in output and "--api-key '***'" in output
     assert "CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server \\\n" in output
     assert '--extra-metric-labels \'{"pool":"eagle"}\'' in output
     assert "2 warning(s):" in output and "share GPUs [1]" in output and "draft_model_path is not set" in output
-    code, output = run_plan("--config", str(config), "--json")
+    code, output = run_plan("--config", config, "--json")
     assert code == 0 and "top-secret" not in output
-    assert run_plan("--config", str(config), "--strict")[0] == 1
+    assert run_plan("--config", config, "--strict")[0] == 1
 
 
 def test_plan_of_groups_shows_each_group_and_its_start_order(tmp_path: Path) -> None:
-    config = tmp_path / "groups.toml"
-    config.write_text(
+    config = write_config(
+        tmp_path / "groups.toml",
         '[launch]\nengine = "sglang"\nmodel_path = "/m"\ndraft_model_path = "/d"\ntopology = "groups"\n'
         "groups = [[0], [1]]\n"
     )
-    code, output = run_plan("--config", str(config))
-    assert code == 0, output
+    output, doc = plan_outputs(config)
     assert "start order: in parallel, except that each co-located group starts its plain server once its EAGLE" in output
     assert "  starts once g0-eagle is ready" in output and "  starts once g1-eagle is ready" in output
     assert "(group g0, speculative" in output and "(group g1, plain" in output
-    doc = json.loads(run_plan("--config", str(config), "--json")[1])
     assert doc["sequential"] is True
     after = {p["name"]: p["start_after"] for p in doc["processes"]}
     groups = {e["backend"]: e["group"] for p in doc["processes"] for e in p["endpoints"]}
@@ -721,16 +735,14 @@ def test_plan_of_groups_shows_each_group_and_its_start_order(tmp_path: Path) -> 
 
 
 def test_plan_names_unset_ports_and_external_backends(tmp_path: Path) -> None:
-    config = tmp_path / "ext.toml"
-    config.write_text(
+    config = write_config(
+        tmp_path / "ext.toml",
         '[[backends]]\nname = "eagle"\nurl = "http://10.0.0.1:1"\nspeculative = true\n'
         '[[backends]]\nname = "plain"\nurl = "http://10.0.0.1:2"\nspeculative = false\n'
     )
-    code, output = run_plan("--config", str(config))
-    assert code == 0, output
+    output, doc = plan_outputs(config)
     assert "starts nothing" in output
     assert "launch.eagle.port is unset" in output
-    doc = json.loads(run_plan("--config", str(config), "--json")[1])
     assert doc["launches_backends"] is False and doc["unset_ports"] == ["launch.eagle.port", "launch.plain.port"]
 
 

@@ -8,16 +8,14 @@ crossover is ~1.7), route accordingly, and show what it believes on /admin/statu
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections import Counter
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 
 from backends.testbed import GatewayProcess, start_gateway
+from tests.gateway.chat_load import closed_loop
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -29,27 +27,6 @@ def gateway() -> Iterator[GatewayProcess]:
         yield gw
     finally:
         gw.stop()
-
-
-async def closed_loop(gateway: GatewayProcess, concurrency: int, requests: int) -> Counter[str]:
-    """`requests` streamed chats from `concurrency` workers; how many each backend served."""
-    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
-    model = (await client.models.list()).data[0].id
-    served: Counter[str] = Counter()
-    remaining = iter(range(requests))
-
-    async def worker() -> None:
-        for _ in remaining:
-            raw = await client.chat.completions.with_raw_response.create(
-                model=model, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=96, stream=True
-            )
-            async for _ in raw.parse():
-                pass
-            served[raw.headers["x-specgate-backend"]] += 1
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    await client.close()
-    return served
 
 
 async def test_learns_the_crossover_and_routes_by_it(gateway: GatewayProcess) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.policies.group_choice import BackendState, TpotLine, choose
@@ -15,28 +17,27 @@ LLAMA_E = TpotLine(10.71 / 2.9, 0.149 / 2.9)
 LLAMA_P = TpotLine(6.27, 0.045)
 
 
-def eagle(
-    group: str = "g0",
-    inflight: int = 0,
-    *,
-    line: TpotLine | None = FIELD_E,
-    remaining: float = 1.0,
-    available: bool = True,
-    cap: int | None = 128,
-    tau: float = 3.0,
-) -> BackendState:
-    return BackendState(f"eagle-{group}", group, True, available, inflight, cap, line, tau, remaining)
+def eagle(group: str = "g0", inflight: int = 0, **state: Any) -> BackendState:
+    return backend(True, group, inflight, **{"line": FIELD_E, "cap": 128, "tau": 3.0, **state})
 
 
-def plain(
-    group: str = "g0",
-    inflight: int = 0,
+def plain(group: str = "g0", inflight: int = 0, **state: Any) -> BackendState:
+    return backend(False, group, inflight, **{"line": FIELD_P, **state})
+
+
+def backend(
+    speculative: bool,
+    group: str,
+    inflight: int,
     *,
-    line: TpotLine | None = FIELD_P,
+    line: TpotLine | None,
     remaining: float = 1.0,
     available: bool = True,
+    cap: int | None = None,
+    tau: float = 1.0,
 ) -> BackendState:
-    return BackendState(f"plain-{group}", group, False, available, inflight, None, line, 1.0, remaining)
+    name = f"{'eagle' if speculative else 'plain'}-{group}"
+    return BackendState(name, group, speculative, available, inflight, cap, line, tau, remaining)
 
 
 def test_a_lone_request_speculates() -> None:

@@ -8,17 +8,16 @@ policy's per-group beliefs, and every in-flight count is back at zero at the end
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from backends.testbed import GatewayProcess, start_gateway
+from tests.gateway.chat_load import closed_loop
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,33 +43,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         gw.stop()
 
 
-async def closed_loop(
-    gateway: GatewayProcess, concurrency: int, requests: int, headers: dict[str, str] | None = None
-) -> Counter[str]:
-    """`requests` streamed chats from `concurrency` workers; how many each backend served."""
-    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
-    model = (await client.models.list()).data[0].id
-    served: Counter[str] = Counter()
-    remaining = iter(range(requests))
-
-    async def worker() -> None:
-        for _ in remaining:
-            raw = await client.chat.completions.with_raw_response.create(
-                model=model,
-                messages=[{"role": "user", "content": "Tell me a story."}],
-                max_tokens=48,
-                stream=True,
-                extra_headers=headers,
-            )
-            async for _ in raw.parse():
-                pass
-            served[raw.headers["x-specgate-backend"]] += 1
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    await client.close()
-    return served
-
-
 def group_of(counts: Counter[str]) -> Counter[str]:
     out: Counter[str] = Counter()
     for backend, n in counts.items():
@@ -81,13 +53,13 @@ def group_of(counts: Counter[str]) -> Counter[str]:
 async def test_two_groups_share_the_traffic_and_report_it(gateway: GatewayProcess) -> None:
     served: Counter[str] = Counter()
     for concurrency, requests in ((2, 12), (1, 10), (4, 24), (8, 48)):
-        served += await closed_loop(gateway, concurrency, requests)
+        served += await closed_loop(gateway, concurrency, requests, max_tokens=48)
     assert set(served) <= BACKENDS, served
     groups = group_of(served)
     assert groups["g0"] >= 10 and groups["g1"] >= 10, served  # identical groups fill least-loaded first
-    plain = await closed_loop(gateway, 2, 4, headers={"x-specgate-route": "plain"})
+    plain = await closed_loop(gateway, 2, 4, headers={"x-specgate-route": "plain"}, max_tokens=48)
     assert set(plain) <= {"g0-plain", "g1-plain"} and sum(plain.values()) == 4, plain
-    eagle = await closed_loop(gateway, 1, 2, headers={"x-specgate-route": "eagle"})
+    eagle = await closed_loop(gateway, 1, 2, headers={"x-specgate-route": "eagle"}, max_tokens=48)
     assert set(eagle) <= {"g0-eagle", "g1-eagle"} and sum(eagle.values()) == 2, eagle
 
     async with httpx.AsyncClient(base_url=gateway.url) as http:
