@@ -74,6 +74,26 @@ def test_identical_groups_fill_least_loaded_first() -> None:
     assert counts == [3, 3, 3, 3]
 
 
+def test_noisy_fits_of_identical_groups_do_not_pull_the_load_to_one_group() -> None:
+    """Each backend's own fit is off by noise; the kind's pooled line keeps the groups balanced."""
+    policy = AdaptivePolicy()
+    idle = groups((0, 0), (0, 0), (0, 0))
+    policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))
+    for i in range(400):
+        n = 1 + i % 16
+        for g, skew in enumerate((0.85, 1.0, 1.15)):  # g0's EAGLE looks 15% faster, g2's 15% slower
+            policy.observe(completion(f"g{g}-eagle", Fit(LLAMA_EAGLE.alpha * skew, LLAMA_EAGLE.beta * skew), n))
+            policy.observe(completion(f"g{g}-plain", LLAMA_PLAIN, n))
+    for g in range(3):
+        policy.routed(idle, Decision(f"g{g}-eagle", "adaptive_predicted_faster"))
+        policy.routed(idle, Decision(f"g{g}-plain", "adaptive_predicted_faster"))
+    counts = [0, 0, 0]
+    for _ in range(24):
+        g = int(policy.choose(groups(*[(c, 0) for c in counts])).backend[1])
+        counts[g] += 1
+    assert counts == [8, 8, 8]
+
+
 def test_one_group_is_the_group_rule_on_its_own() -> None:
     """With one group the policy asks group_choice exactly what the co-located rule asks."""
     policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)  # the speculation prior has faded
