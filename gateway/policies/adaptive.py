@@ -122,10 +122,9 @@ class AdaptivePolicy(Policy):
             cold = self._cold(snapshot, available, outlooks, kinds)
             if cold is not None:
                 return cold
-        for view in sorted(available, key=lambda v: (v.speculative, v.name)):  # plain first, as ever
-            out = outlooks[view.name]
-            if out.fitted and out.since_routed >= out.probe_interval and self._probeable(snapshot, view):
-                return Decision(view.name, "adaptive_explore")
+        probe = self._probe(snapshot, available, outlooks)
+        if probe is not None:
+            return probe
         states = [self._state(v, outlooks[v.name], kinds) for v in available]
         capped = not all(s.open for s in states)
         if self.slo_tpot is not None and not capped:  # a capped EAGLE: the cap rule decides
@@ -260,6 +259,22 @@ class AdaptivePolicy(Policy):
     def _open(self, view: BackendView) -> bool:
         return not view.speculative or view.inflight < self.cap
 
+    def _probe(
+        self, snapshot: PoolSnapshot, available: list[BackendView], outlooks: dict[str, Outlook]
+    ) -> Decision | None:
+        """A probe of a kind (plain first, as ever) that no backend of it has served for its probe
+        interval: the kind shares one line, so one probe measures it, on a fitted backend of an idle
+        group where there is one (its response judges the probe)."""
+        for kind in (False, True):
+            members = sorted((v for v in available if v.speculative == kind), key=lambda v: (not outlooks[v.name].fitted, v.name))
+            outs = [outlooks[v.name] for v in members]
+            if not any(o.fitted for o in outs) or any(o.since_routed < o.probe_interval for o in outs):
+                continue
+            for view in members:
+                if self._probeable(snapshot, view):
+                    return Decision(view.name, "adaptive_explore")
+        return None
+
     def _probeable(self, snapshot: PoolSnapshot, view: BackendView) -> bool:
         """A probe must measure the backend on its own: its group idle (a co-located partner's steps
         would be interleaved with the probe's), and EAGLE within its cap."""
@@ -275,6 +290,8 @@ class AdaptivePolicy(Policy):
         """Before every backend is fitted: measure unfitted ones on idle groups, a lone request
         speculates. None when each kind has a fitted backend whose line the unfitted ones of its
         kind borrow (K groups: one busy group's unmeasured server must not hold every group back)."""
+        if all(v.speculative in kinds for v in available):
+            return None  # each kind has a fitted line, which its unfitted backends share
         idle = all(v.inflight == 0 for v in available)
         spec_fitted = any(v.speculative and outlooks[v.name].fitted for v in available)
         by_name = sorted(available, key=lambda v: v.name)
@@ -289,8 +306,6 @@ class AdaptivePolicy(Policy):
         for view in by_name:
             if view.speculative and not outlooks[view.name].fitted and self._probeable(snapshot, view):
                 return Decision(view.name, "adaptive_explore")
-        if all(v.speculative in kinds for v in available):
-            return None
         plain = [v for v in available if not v.speculative] or [v for v in available if self._open(v)] or available
         least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
         return Decision(least.name, "adaptive_prior")
