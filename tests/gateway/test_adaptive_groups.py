@@ -169,6 +169,23 @@ def test_cold_start_over_groups_measures_each_backend_on_an_idle_group() -> None
     assert policy.choose(groups((2, 0), (1, 0))) == Decision("g1-plain", "adaptive_prior")
 
 
+def test_lone_requests_over_many_idle_groups_measure_each_kind_once_then_speculate() -> None:
+    """Backends of a kind share one line, so one measurement per kind ends the cold start: lone
+    requests on 8 idle groups are not sent to each group's plain server in turn."""
+    policy = AdaptivePolicy()
+    idle = groups(*[(0, 0)] * 8)
+    decisions = []
+    for _ in range(10):
+        decision = policy.choose(idle)
+        policy.routed(idle, decision)
+        decisions.append(decision)
+        line = LLAMA_EAGLE if decision.backend.endswith("eagle") else LLAMA_PLAIN
+        policy.observe(completion(decision.backend, line, 1, chunks=44 if line is LLAMA_EAGLE else 128))
+    assert [d.reason for d in decisions[:2]] == ["adaptive_prior", "adaptive_explore"]
+    assert decisions[1].backend.endswith("plain")
+    assert all(d.backend.endswith("eagle") and d.reason == "adaptive_predicted_faster" for d in decisions[2:])
+
+
 def test_route_header_names_a_backend_or_a_mode() -> None:
     policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
     snapshot = groups((0, 3), (0, 1))
