@@ -45,6 +45,7 @@ from gateway.policies.group_choice import choose as choose_group
 from gateway.policies.adaptive_state import (
     PROBE_AGREEMENT,
     PROBE_BACKOFF_LIMIT,
+    PROBE_MAX_RECENT_LOAD,
     RECENT_LOAD_RATE,
     SHARED_TOLERANCE,
     SPEC_PRIOR,
@@ -277,8 +278,10 @@ class AdaptivePolicy(Policy):
 
     def _probeable(self, snapshot: PoolSnapshot, view: BackendView) -> bool:
         """A probe must measure the backend on its own: its group idle (a co-located partner's steps
-        would be interleaved with the probe's), and EAGLE within its cap."""
-        return self._open(view) and snapshot.group_inflight(view) == 0
+        would be interleaved with the probe's) and not in a busy spell, and EAGLE within its cap."""
+        shared = sum(v.group == view.group for v in snapshot.backends) > 1
+        quiet = not shared or self._recent.get(view.group, 0.0) < PROBE_MAX_RECENT_LOAD
+        return self._open(view) and snapshot.group_inflight(view) == 0 and quiet
 
     def _cold(
         self,

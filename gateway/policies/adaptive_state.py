@@ -29,6 +29,11 @@ PROBE_BACKOFF_LIMIT = 16
 PROBE_AGREEMENT = 0.15
 # Weight of each finished response in its group's recent load (issue 12: the rule's evaluated rate).
 RECENT_LOAD_RATE = 0.25
+# A probe of a co-located group is sent only while the group has been serving about one request at
+# a time: a probe that lands at the start of a burst mixes the modes for its whole life, and the
+# arrivals it slows hold the group's share of the load back (llama8b-h100, 8 groups, C=128: one
+# plain probe cost the level 23% of its throughput).
+PROBE_MAX_RECENT_LOAD = 2.0
 # Each response's weight in an EAGLE backend's acceptance length: sums decay by this per response.
 TAU_DECAY = 0.98
 

@@ -283,8 +283,16 @@ def test_probes_that_agree_back_off_and_a_surprise_resets_them() -> None:
     assert decisions_until_probe(policy) == 11
 
 
+def quiet_spell(policy: AdaptivePolicy) -> None:
+    """Lone requests on the co-located group g0: its recent load settles near 1, so probes may run."""
+    policy.routed(shared(0, 0), Decision("eagle", "adaptive_predicted_faster"))
+    for _ in range(30):
+        policy.observe(completion("eagle", LLAMA_EAGLE, 1))
+
+
 def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)
+    quiet_spell(policy)
     recent_traffic(policy)
     for _ in range(10):
         decide(policy, shared(3, 0))
@@ -295,7 +303,20 @@ def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
     assert plain["shared_skipped"] == 1 and plain["probe_interval"] == 20
     for _ in range(20):
         assert decide(policy, shared(0, 0)).backend == "eagle"
+    quiet_spell(policy)  # the shared response said the group was busy: probes wait for quiet again
     assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
+
+
+def test_no_colocated_probe_in_a_busy_spell() -> None:
+    """A probe that lands on a group between bursts would mix the modes for its whole life."""
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)
+    policy.routed(shared(0, 0), Decision("eagle", "adaptive_predicted_faster"))  # both in group g0
+    for _ in range(30):  # a busy spell: the group has been carrying 16 at a time
+        policy.observe(completion("eagle", LLAMA_EAGLE, 16))
+    recent_traffic(policy)
+    for _ in range(10):
+        decide(policy, shared(3, 0))
+    assert decide(policy, shared(0, 0)) == Decision("eagle", "adaptive_predicted_faster")
 
 
 def test_a_relearn_or_an_outage_resets_the_probe_interval() -> None:
