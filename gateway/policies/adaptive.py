@@ -40,8 +40,6 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import PolicyConfig
-from gateway.policies.group_choice import BackendState, TpotLine
-from gateway.policies.group_choice import choose as choose_group
 from gateway.policies.adaptive_state import (
     PROBE_AGREEMENT,
     PROBE_BACKOFF_LIMIT,
@@ -54,7 +52,10 @@ from gateway.policies.adaptive_state import (
     Outlook,
     crossover,
     group_beliefs,
+    kind_lines,
 )
+from gateway.policies.group_choice import BackendState, TpotLine
+from gateway.policies.group_choice import choose as choose_group
 from gateway.policies.tpot_fit import EstimatorConfig, TpotEstimator
 from gateway.policy import Completion, Decision, Policy
 from gateway.pool import BackendView, PoolSnapshot
@@ -118,7 +119,7 @@ class AdaptivePolicy(Policy):
             fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
             return Decision(fallback[0].name, "adaptive_unavailable")
         outlooks = {v.name: self._outlook(v) for v in available}
-        kinds = _kind_lines(available, outlooks)
+        kinds = kind_lines(available, outlooks)
         if not all(o.fitted for o in outlooks.values()):
             cold = self._cold(snapshot, available, outlooks, kinds)
             if cold is not None:
@@ -209,7 +210,7 @@ class AdaptivePolicy(Policy):
         }
         if snapshot is not None:
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
-            kinds = _kind_lines(list(snapshot.backends), outlooks)
+            kinds = kind_lines(list(snapshot.backends), outlooks)
             states = [self._state(v, outlooks[v.name], kinds) for v in snapshot.backends]
             beliefs["groups"] = group_beliefs(snapshot, states, self._recent)
             for group, entry in beliefs["groups"].items():
@@ -385,18 +386,3 @@ class AdaptivePolicy(Policy):
 
         best = min((s for s in states if s.line is not None), key=lambda s: (harm(s), predicted[s.name], s.name))
         return Decision(best.name, "adaptive_slo")
-
-
-def _kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> dict[bool, tuple[TpotLine, float]]:
-    """Per kind (speculative or not), its fitted backends' lines averaged by evidence, and their evidence."""
-    sums: dict[bool, list[float]] = {}  # kind -> [evidence, evidence*alpha, evidence*beta]
-    for view in available:
-        outlook = outlooks[view.name]
-        estimator = outlook.estimator
-        if estimator is not None and estimator.fitted:
-            weight = max(outlook.evidence, 1e-9)
-            acc = sums.setdefault(view.speculative, [0.0, 0.0, 0.0])
-            acc[0] += weight
-            acc[1] += weight * estimator.alpha
-            acc[2] += weight * estimator.beta
-    return {kind: (TpotLine(a / w, b / w), w) for kind, (w, a, b) in sums.items()}

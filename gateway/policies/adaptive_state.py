@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.policies.group_choice import BackendState
+from gateway.policies.group_choice import BackendState, TpotLine
 from gateway.policies.tpot_fit import TpotEstimator
-from gateway.pool import PoolSnapshot
+from gateway.pool import BackendView, PoolSnapshot
 
 # Weak prior that speculation is the faster choice for the first requests: EAGLE's prediction is
 # scaled by 1 - SPEC_PRIOR * w0 / (w0 + evidence), fading as its evidence (in full-length
@@ -129,3 +129,18 @@ def group_beliefs(
             entry["preferred_mode"] = "eagle" if best.speculative else "plain"
         entry["remaining"] = {s.name: s.remaining for s in members}
     return out
+
+
+def kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> dict[bool, tuple[TpotLine, float]]:
+    """Per kind (speculative or not), its fitted backends' lines averaged by evidence, and their evidence."""
+    sums: dict[bool, list[float]] = {}  # kind -> [evidence, evidence*alpha, evidence*beta]
+    for view in available:
+        outlook = outlooks[view.name]
+        estimator = outlook.estimator
+        if estimator is not None and estimator.fitted:
+            weight = max(outlook.evidence, 1e-9)
+            acc = sums.setdefault(view.speculative, [0.0, 0.0, 0.0])
+            acc[0] += weight
+            acc[1] += weight * estimator.alpha
+            acc[2] += weight * estimator.beta
+    return {kind: (TpotLine(a / w, b / w), w) for kind, (w, a, b) in sums.items()}
