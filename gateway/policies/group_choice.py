@@ -49,17 +49,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.policies.tpot_fit import Fit
 
-@dataclass(frozen=True)
-class TpotLine:
-    """A fitted line: seconds per output token with n requests in flight, `alpha + beta*n`."""
-
-    alpha: float
-    beta: float
-
-    def at(self, n: float) -> float:
-        """Predicted seconds per output token at in-flight count n."""
-        return self.alpha + self.beta * n
+# The rule reads the fit's line: seconds per output token with n requests in flight, `alpha + beta*n`.
+TpotLine = Fit
 
 
 @dataclass(frozen=True)
