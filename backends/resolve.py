@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.config import LaunchConfig
+from backends.memory import ModelMemory
 from backends.process import free_loopback_port
 from backends.sim.profiles import Profile, ProfileError, load_profile
 
@@ -21,10 +22,11 @@ PLAIN = "plain"
 COLOCATED = "colocated"
 GROUPS = "groups"
 
-# Colocated servers' default shares of each GPU's memory. Each holds a full copy of the weights
-# plus its KV cache, and each needs its own activation and CUDA-graph headroom (SGLang reserves
-# at least 10 GB per server on large GPUs), so together they stay well below one server's ~0.9.
-# EAGLE gets less: it only ever runs the policy's few requests at once.
+# Colocated servers' default shares of each GPU's memory when the model's size is not declared.
+# Each holds a full copy of the weights plus its KV cache, and each needs its own activation and
+# CUDA-graph headroom (SGLang reserves at least 10 GB per server on large GPUs), so together they
+# stay well below one server's ~0.9. EAGLE gets less: it only ever runs the policy's few requests.
+# When the sizes are known, `memory_split` replaces them with the same total split by memory.
 COLOCATED_MEM_SHARE = {EAGLE: 0.3, PLAIN: 0.5}
 
 
@@ -182,10 +184,8 @@ def _port(launch: LaunchConfig, role: str, index: int, free_port: Callable[[], i
 
 
 def _colocated_shares(launch: LaunchConfig) -> dict[str, float | None]:
-    shares: dict[str, float | None] = {
-        role: cfg.mem_fraction_static or COLOCATED_MEM_SHARE[role]
-        for role, cfg in ((EAGLE, launch.eagle), (PLAIN, launch.plain))
-    }
+    given = {EAGLE: launch.eagle.mem_fraction_static, PLAIN: launch.plain.mem_fraction_static}
+    shares: dict[str, float | None] = dict(colocated_shares(given, _memory_split_default(launch)))
     total = sum(s for s in shares.values() if s is not None)
     if total >= 1.0:
         raise PlanError(
@@ -194,6 +194,54 @@ def _colocated_shares(launch: LaunchConfig) -> dict[str, float | None]:
             "both servers room for activations)"
         )
     return shares
+
+
+def colocated_shares(given: dict[str, float | None], split: dict[str, float] | None) -> dict[str, float]:
+    """Each co-located server's memory share: as given, else `split` (see `memory_split`), else the fixed default.
+
+    With the sizes known (`split`) and one share set by hand, the other takes the rest of the same total.
+    """
+    shares = {role: given[role] or (split or COLOCATED_MEM_SHARE)[role] for role in (EAGLE, PLAIN)}
+    eagle, plain = given[EAGLE], given[PLAIN]
+    if split is not None and (eagle is None) != (plain is None):
+        role, other = (PLAIN, EAGLE) if plain is None else (EAGLE, PLAIN)
+        shares[role] = round(sum(COLOCATED_MEM_SHARE.values()) - shares[other], 3)
+    return shares
+
+
+def memory_split(memory: ModelMemory, gpus: int, total: float = sum(COLOCATED_MEM_SHARE.values())) -> dict[str, float] | None:
+    """Default shares of a group's memory: each server its weights, the KV room left split evenly.
+
+    The fixed 0.3/0.5 split starves whichever server the model's size squeezes: on 4 x 180 GB a
+    236 GB model does not even fit in 0.3, and with long contexts the EAGLE server runs out of KV
+    room long before the policy stops sending it requests. Splitting what the two copies leave of
+    the same total evenly keeps both servers' batches alike. Shares are rounded down to 0.001;
+    None when the two copies do not fit in `total` (the memory check then says why).
+    """
+    whole = gpus * memory.gpu_memory_gb
+    kv = total * whole - memory.weights_gb(True) - memory.weights_gb(False)
+    if kv <= 0:
+        return None
+    return {
+        role: math.floor((memory.weights_gb(role == EAGLE) + kv / 2) / whole * 1000) / 1000 for role in (EAGLE, PLAIN)
+    }
+
+
+def _memory_split_default(launch: LaunchConfig) -> dict[str, float] | None:
+    """`memory_split` for the smallest group when the model's size and every group's GPU count are known."""
+    if launch.engine == "sim":
+        profile = load_launch_profile(launch)
+        memory = profile.memory
+        unlisted: int | None = profile.num_gpus
+    elif launch.gpu_memory_gb is not None and launch.target_weights_gb is not None:
+        memory = ModelMemory(launch.gpu_memory_gb, launch.target_weights_gb, launch.draft_weights_gb or 0.0)
+        unlisted = None
+    else:
+        return None
+    sizes = [len(gpus) or unlisted for _, gpus, roles in _group_layout(launch) if len(roles) > 1]
+    if not sizes or None in sizes:
+        return None
+    return memory_split(memory, min(s for s in sizes if s is not None))
 
 
 def _sglang_fractions(launch: LaunchConfig, shares: dict[str, float | None]) -> dict[str, float | None]:

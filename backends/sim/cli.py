@@ -86,12 +86,13 @@ def _option_error(err: ErrorDetails) -> str:
 @click.option(
     "--eagle-mem-fraction",
     type=click.FloatRange(0, 1, min_open=True, max_open=True),
-    help=f"eagle's share of its group's GPU memory with --colocated [default: {COLOCATED_MEM_SHARE['eagle']}]",
+    help="eagle's share of its group's GPU memory with --colocated [default: its weights plus half the KV room "
+    f"the two copies leave of {sum(COLOCATED_MEM_SHARE.values()):g}]",
 )
 @click.option(
     "--plain-mem-fraction",
     type=click.FloatRange(0, 1, min_open=True, max_open=True),
-    help=f"plain's share of its group's GPU memory with --colocated [default: {COLOCATED_MEM_SHARE['plain']}]",
+    help="plain's share of its group's GPU memory with --colocated [default: its weights plus the other half]",
 )
 @click.option(
     "--gpus-per-group",

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from backends.resolve import COLOCATED_MEM_SHARE
+from backends.resolve import colocated_shares, memory_split
 from backends.sim.faults import FaultSpec
 from backends.sim.profiles import DEFAULT_PROFILE, Profile, Role
 
@@ -113,8 +113,8 @@ class SimSettings(BaseModel):
         """Share of its group's GPU memory a server of `role` takes: co-located, its split; alone, the profile's."""
         if not self.colocated:
             return profile.mem_fraction_static
-        given = self.eagle_mem_fraction if role == "eagle" else self.plain_mem_fraction
-        return given or COLOCATED_MEM_SHARE[role]
+        given = {"eagle": self.eagle_mem_fraction, "plain": self.plain_mem_fraction}
+        return colocated_shares(given, memory_split(profile.memory, self.gpus_per_group or profile.num_gpus))[role]
 
     def metric_labels(self, role: Role) -> dict[str, str]:
         """Extra metric labels of one endpoint; colocated endpoints are told apart by `pool=<role>`."""

@@ -560,7 +560,7 @@ def test_sim_serves_every_group_from_one_process() -> None:
     assert process.argv[:20] == (
         sys.executable, "-m", "backends.sim", "--colocated", "--host", "127.0.0.1",
         "--eagle-port", "44000", "--eagle-port", "44002", "--plain-port", "44001", "--plain-port", "44003",
-        "--eagle-mem-fraction", "0.3", "--plain-mem-fraction", "0.5", "--gpus-per-group", "4",
+        "--eagle-mem-fraction", "0.401", "--plain-mem-fraction", "0.398", "--gpus-per-group", "4",
     )  # fmt: skip
     assert _flag(process.argv, "--time-scale") == "0.5" and "--enable-metrics" in process.argv
     assert _flag(process.argv, "--eagle-max-running-requests") == "48"
@@ -576,7 +576,7 @@ def test_sim_colocated_passes_the_memory_split_and_groups_must_be_equal() -> Non
     config = LaunchConfig.model_validate({"topology": "colocated", "eagle": {"mem_fraction_static": 0.25}})
     (process,) = build_plan(config, eagle_cap=2, free_port=ports()).processes
     assert _flag(process.argv, "--eagle-mem-fraction") == "0.25"
-    assert _flag(process.argv, "--plain-mem-fraction") == "0.5"
+    assert _flag(process.argv, "--plain-mem-fraction") == "0.55"  # the rest of 0.8: the profile's sizes are known
     assert "--gpus-per-group" not in process.argv  # no GPUs listed: the profile's count
     with pytest.raises(PlanError, match="launch.groups: the simulator runs groups of one size, got sizes \\[1, 2\\]"):
         build_plan(

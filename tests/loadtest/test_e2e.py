@@ -180,7 +180,7 @@ def test_same_hardware_envelope_runs_four_targets_on_two_groups_and_leaves_nothi
 
 def test_same_hardware_envelope_refuses_groups_whose_weights_do_not_fit_before_starting_anything(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [
-        "envelope", "--profile", "field-8gpu", "--groups", "2", "--gpus-per-group", "4", "--out", str(tmp_path),
+        "envelope", "--profile", "field-8gpu", "--groups", "4", "--gpus-per-group", "2", "--out", str(tmp_path),
     ])
     assert result.exit_code == 1
     assert "cannot hold both servers" in result.output and not (tmp_path / "logs").exists()

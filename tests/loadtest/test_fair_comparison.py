@@ -89,6 +89,7 @@ def test_eagle_dp_gets_specgates_eagle_cap_and_a_group_that_does_not_fit_is_refu
     capped = StackSettings("field-8gpu", None, "groups", "adaptive", eagle_max_running_requests=64)
     assert eagle_dp_cap(specgate_config(capped, Hardware(1, 8), 9000)) == 64
     with pytest.raises(PlanError, match="cannot hold both servers"):
-        eagle_dp_cap(specgate_config(stack, Hardware(2, 4), 9000))  # 0.3 of 4 x 180 GB < 238 GB of weights
+        eagle_dp_cap(specgate_config(stack, Hardware(4, 2), 9000))  # two 238 GB copies > 0.8 of 2 x 180 GB
+    assert eagle_dp_cap(specgate_config(stack, Hardware(2, 4), 9000)) == 128  # the memory split holds them
     wider = specgate_config(stack, Hardware(2, 4, eagle_mem_fraction=0.4), 9000)
     assert wider["launch"]["eagle"]["mem_fraction_static"] == 0.4 and eagle_dp_cap(wider) == 128

@@ -42,7 +42,7 @@ async def admitted(http: httpx.AsyncClient, url: str, requests: int) -> tuple[in
         else:
             raise AssertionError(f"{url} never held {requests} requests")
         # The prompt budget admits 16 of these per step; /health answers after the next step ends.
-        for _ in range(3):
+        for _ in range(requests // 16 + 2):
             await http.get(url + "/health")
         load = (await http.get(url + "/v1/loads")).json()["loads"][0]
         return load["num_running_reqs"], load["num_waiting_reqs"]
@@ -53,18 +53,19 @@ async def admitted(http: httpx.AsyncClient, url: str, requests: int) -> tuple[in
 
 
 async def test_a_colocated_server_runs_fewer_long_requests_than_a_lone_one(sims: SimFactory) -> None:
-    group = sims.start("--colocated", "--profile", "llama8b-h100")
-    lone = sims.start("--role", "eagle", "--profile", "llama8b-h100").url()
+    # Running caps above the 60 requests, so only KV room limits what runs.
+    group = sims.start("--colocated", "--profile", "llama8b-h100", "--eagle-max-running-requests", "128")
+    lone = sims.start("--role", "eagle", "--profile", "llama8b-h100", "--max-running-requests", "128").url()
     async with httpx.AsyncClient(timeout=30) as http:
         info = (await http.get(group.url("eagle") + "/server_info")).json()
         capacity = info["max_total_tokens"]
         assert capacity == info["sim"]["memory"]["max_total_tokens"] < 385000
         assert (await http.get(lone + "/server_info")).json()["max_total_tokens"] == 385000
-        # 20 requests of 3000 tokens: the lone server's KV holds them all, the co-located one's does not.
+        # 60 requests of 3000 tokens: the lone server's KV holds them all, the co-located one's does not.
         fit = capacity // 3000
-        assert fit < 20
-        assert await admitted(http, group.url("eagle"), 20) == (fit, 20 - fit)
-        assert await admitted(http, lone, 20) == (20, 0)
+        assert fit < 60
+        assert await admitted(http, group.url("eagle"), 60) == (fit, 60 - fit)
+        assert await admitted(http, lone, 60) == (60, 0)
 
 
 async def test_k_groups_from_one_process_have_separate_gpus(sims: SimFactory) -> None:
@@ -92,7 +93,10 @@ async def test_replicas_from_one_process_have_separate_gpus(sims: SimFactory) ->
 
 
 def test_a_group_that_does_not_fit_is_refused_at_start() -> None:
-    result = sim_cli("--colocated", "--eagle-port", "0", "--plain-port", "0", "--gpus-per-group", "4")
+    result = sim_cli(
+        "--colocated", "--eagle-port", "0", "--plain-port", "0", "--gpus-per-group", "4",
+        "--eagle-mem-fraction", "0.3", "--plain-mem-fraction", "0.5",
+    )  # fmt: skip
     assert result.returncode == 1
     assert "cannot start: a group of 4 GPUs does not fit" in result.stderr
     assert "a node of 8 GPUs can hold 1 such group of 8 GPUs" in result.stderr

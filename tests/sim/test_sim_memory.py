@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from backends.memory import ServerShare, kv_tokens, max_groups
-from backends.resolve import COLOCATED_MEM_SHARE
+from backends.resolve import COLOCATED_MEM_SHARE, memory_split
 from backends.sim.layout import LayoutError, ServerSlot, plan_layout
 from backends.sim.profiles import BUILTIN_PROFILES, ROLES, ProfileError, Role, load_profile
 from backends.sim.settings import SimSettings
@@ -36,9 +36,11 @@ def test_a_lone_server_keeps_its_profile_kv_capacity(name: str, role: Role) -> N
 def test_colocated_kv_is_the_memory_share_minus_the_weights() -> None:
     profile = load_profile("llama8b-h100")
     eagle, plain = colocated("llama8b-h100")
-    assert (eagle.mem_share, plain.mem_share) == (COLOCATED_MEM_SHARE["eagle"], COLOCATED_MEM_SHARE["plain"])
-    assert eagle.kv_budget_gb == pytest.approx(0.3 * 80 - 16.1 - 0.9)
-    assert plain.kv_budget_gb == pytest.approx(0.5 * 80 - 16.1)
+    # The default split: each server its weights, the rest of 0.8 of the GPU split evenly (to 0.001).
+    assert (eagle.mem_share, plain.mem_share) == (0.405, 0.394)
+    assert eagle.kv_budget_gb == pytest.approx(0.405 * 80 - 16.1 - 0.9)
+    assert plain.kv_budget_gb == pytest.approx(0.394 * 80 - 16.1)
+    assert eagle.kv_budget_gb == pytest.approx(plain.kv_budget_gb, abs=0.1)
     for slot in (eagle, plain):
         assert slot.max_total_tokens == kv_tokens(slot.kv_budget_gb, profile.kv_bytes_per_token(slot.role))
         # The second copy of the weights costs KV room: well below the server alone on the GPU.
@@ -68,9 +70,21 @@ def test_k_groups_each_get_their_own_group_index_and_budget() -> None:
     assert len({s.max_total_tokens for s in slots if s.role == "eagle"}) == 1
 
 
+def test_the_default_split_follows_the_declared_memory() -> None:
+    # field-8gpu's 236 GB model: 0.3 of 4 x 180 GB cannot hold its copy, the memory split can.
+    field = load_profile("field-8gpu")
+    split = memory_split(field.memory, 4)
+    assert split is not None and sum(split.values()) <= sum(COLOCATED_MEM_SHARE.values())
+    eagle, plain = colocated("field-8gpu", gpus_per_group=4)
+    assert (eagle.mem_share, plain.mem_share) == (split["eagle"], split["plain"])
+    assert eagle.kv_budget_gb > 0 and eagle.kv_budget_gb == pytest.approx(plain.kv_budget_gb, rel=0.02)
+    # Two copies that do not fit in 0.8 of the group leave no split: the fixed shares, then the refusal.
+    assert memory_split(field.memory, 2) is None
+
+
 def test_a_group_whose_copies_do_not_fit_is_refused_with_what_the_node_holds() -> None:
     with pytest.raises(LayoutError) as err:
-        colocated("field-8gpu", gpus_per_group=4)
+        colocated("field-8gpu", gpus_per_group=4, eagle_mem_fraction=0.3, plain_mem_fraction=0.5)
     message = str(err.value)
     assert "eagle server's weights (238 GB) do not fit in its share 0.3 of 4 x 180 GB" in message
     assert "a node of 8 GPUs can hold 1 such group of 8 GPUs" in message
