@@ -11,9 +11,11 @@ run at time scale 0.5, where the same gap is a fifth of the share it would be at
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from backends.sim.profiles import load_profile
+from backends.sim.profiles import DEFAULT_PROFILE, load_profile
 from backends.testbed import SimFactory
 from loadtest.steady_rate import best_closed_loop
 
@@ -43,3 +45,24 @@ async def test_field_profile_throughput_matches_model(sims: SimFactory) -> None:
     assert measured["eagle", 2] < measured["plain", 2]  # modelled 0.93x: the crossover
     assert measured["eagle", 8] < 0.8 * measured["plain", 8]  # modelled 0.60x
     assert measured["plain", 32] >= 1.8 * measured["eagle", 32]  # modelled 2.02x
+
+
+MEASURED_PROFILE = Path(__file__).resolve().parents[2] / "backends" / "sim" / "measured" / "h200-llama8b.toml"
+TABLE_LEVELS = {1: 1.0, 8: 1.0, 48: 0.5}  # concurrency: time scale (the H200's steps are 5-12 ms)
+
+
+@pytest.mark.simtiming
+async def test_measured_table_profile_throughput_matches_model(sims: SimFactory) -> None:
+    """A `step_ms` table profile (the H200 measurement) within the same margins as the straight lines."""
+    profile = load_profile(DEFAULT_PROFILE, MEASURED_PROFILE)
+    assert profile.plain.step_table is not None and profile.eagle.step_table is not None
+    urls = {
+        (role, scale): sims.start("--role", role, "--profile-file", str(MEASURED_PROFILE), "--time-scale", str(scale)).url()
+        for scale in sorted(set(TABLE_LEVELS.values()))
+        for role in ("eagle", "plain")
+    }
+    for concurrency, scale in TABLE_LEVELS.items():
+        for role in ("eagle", "plain"):
+            result = await best_closed_loop(urls[role, scale], concurrency, OUTPUT_TOKENS, min_seconds=0.6)
+            modelled = profile.closed_loop_throughput(role, concurrency, OUTPUT_TOKENS, result.prompt_tokens) / scale
+            assert BELOW <= result.output_tok_s / modelled <= ABOVE, (role, concurrency, result, modelled)
