@@ -1,0 +1,80 @@
+"""SGLang's Ollama-compatible routes: `/api/chat` and `/api/generate` routed like chat, `/api/tags`.
+
+Generation is streamed as Ollama does (newline-delimited JSON, `stream` defaults to true). Like
+SGLang, which answers with its served model whatever `model` names, the gateway does not check the
+model of these routes. `/api/tags` needs no slot: any ready backend answers it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.errors import OpenAIError
+from gateway.openai_routes import forced_route, runtime_of
+from gateway.proxy import ProxyJob, ProxyResponse
+from gateway.schemas import OllamaChatRequest, OllamaGenerateRequest
+from gateway.wire import OLLAMA
+
+router = APIRouter()
+
+_STREAM_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A JSON object, or with `stream` (the default) newline-delimited JSON objects ending with `done: true`",
+        "content": {"application/json": {}, "application/x-ndjson": {}},
+    }
+}
+
+
+async def _proxy(request: Request, stream: bool, endpoint: str, path: str) -> Response:
+    rt = runtime_of(request)
+    job = ProxyJob(
+        endpoint=endpoint,
+        path=path,
+        body=dict(await request.json()),  # already parsed (and cached) by the body validation
+        stream=stream,
+        client_wants_usage=True,
+        forced=forced_route(rt, request),
+        request_id=uuid.uuid4().hex,
+        arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
+        wire=OLLAMA,
+    )
+    return ProxyResponse(rt, job)
+
+
+@router.post("/api/chat", response_class=Response, responses=_STREAM_DOC)
+async def ollama_chat(request: Request, body: OllamaChatRequest) -> Response:
+    """An Ollama chat on the backend the routing policy picks."""
+    return await _proxy(request, body.stream, "ollama_chat", "/api/chat")
+
+
+@router.post("/api/generate", response_class=Response, responses=_STREAM_DOC)
+async def ollama_generate(request: Request, body: OllamaGenerateRequest) -> Response:
+    """An Ollama completion on the backend the routing policy picks."""
+    return await _proxy(request, body.stream, "ollama_generate", "/api/generate")
+
+
+@router.get("/api/tags")
+async def ollama_tags(request: Request) -> Response:
+    """The model list in Ollama's format, from any ready backend, named as `/v1/models` names it."""
+    rt = runtime_of(request)
+    backend = next((b for b in rt.pool if b.available), None)
+    if backend is None:
+        raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
+    try:
+        status, payload, content_type = await rt.upstreams[backend.name].get("/api/tags", rt.settings.health.ready_timeout * 5)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise OpenAIError(502, f"backend {backend.name} did not answer /api/tags", code="upstream_unreachable", type="server_error") from exc
+    public = rt.settings.server.model_name
+    if status == 200 and public:
+        tags = orjson.loads(payload)
+        for model in tags.get("models", []):
+            model["name"] = model["model"] = public
+        payload = orjson.dumps(tags)
+    return Response(payload, status_code=status, media_type=content_type, headers={"x-specgate-backend": backend.name})
