@@ -13,12 +13,13 @@ nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
@@ -115,7 +116,13 @@ class OllamaRenderer:
 def add_ollama_routes(app: FastAPI, ep: Endpoint) -> None:
     """Serve SGLang's Ollama-compatible routes on `app`."""
 
-    def start(body: ChatCompletionRequest | CompletionRequest, chat: bool) -> Response:
+    def start(build: Callable[[], ChatCompletionRequest | CompletionRequest], chat: bool) -> Response:
+        """Generate for the SGLang request `build` makes of the Ollama one (400 when its options do not fit)."""
+        try:
+            body = build()
+        except (ValidationError, ValueError, TypeError) as exc:
+            return error_response(str(exc))
+
         def renderer(req: SimRequest, model: str) -> OllamaRenderer:
             return OllamaRenderer(ep.served_model_name, chat)
 
@@ -126,14 +133,16 @@ def add_ollama_routes(app: FastAPI, ep: Endpoint) -> None:
 
     @app.post("/api/chat")
     async def chat(body: OllamaChatBody) -> Response:
-        request = ChatCompletionRequest(
-            model=ep.served_model_name,
-            messages=[ChatMessage(role=m.role, content=m.content) for m in body.messages],
-            max_tokens=body.option("num_predict"),
-            stop=body.option("stop"),
-            stream=body.stream,
-        )
-        return start(request, chat=True)
+        def build() -> ChatCompletionRequest:
+            return ChatCompletionRequest(
+                model=ep.served_model_name,
+                messages=[ChatMessage(role=m.role, content=m.content) for m in body.messages],
+                max_tokens=body.option("num_predict"),
+                stop=body.option("stop"),
+                stream=body.stream,
+            )
+
+        return start(build, chat=True)
 
     @app.post("/api/generate")
     async def generate(body: OllamaGenerateBody) -> Response:
@@ -145,16 +154,18 @@ def add_ollama_routes(app: FastAPI, ep: Endpoint) -> None:
             if body.stream:
                 return Response(orjson.dumps(answer) + b"\n", media_type=_NDJSON.decode())
             return json_response(answer)
-        # Without num_predict the model stops on its own (the profile's default length) within 2048 tokens.
-        num_predict = body.option("num_predict")
-        request = CompletionRequest(
-            model=ep.served_model_name,
-            prompt=prompt,
-            max_tokens=int(num_predict) if num_predict else min(_DEFAULT_MAX_NEW_TOKENS, ep.profile.default_max_tokens),
-            stop=body.option("stop"),
-            stream=body.stream,
-        )
-        return start(request, chat=False)
+        def build() -> CompletionRequest:
+            # Without num_predict the model stops on its own (the profile's default length) within 2048 tokens.
+            num_predict = body.option("num_predict")
+            return CompletionRequest(
+                model=ep.served_model_name,
+                prompt=prompt,
+                max_tokens=int(num_predict) if num_predict else min(_DEFAULT_MAX_NEW_TOKENS, ep.profile.default_max_tokens),
+                stop=body.option("stop"),
+                stream=body.stream,
+            )
+
+        return start(build, chat=False)
 
     @app.get("/api/tags")
     async def tags() -> Response:

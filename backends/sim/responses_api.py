@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
@@ -257,14 +257,17 @@ def add_responses_routes(app: FastAPI, ep: Endpoint, store: ResponseStore) -> No
                 return refused
             earlier = store.history.get(body.previous_response_id, [])
         texts = ([body.instructions] if body.instructions else []) + earlier + body.input_texts()
-        chat = ChatCompletionRequest(
-            model=ep.served_model_name,
-            messages=[ChatMessage(role="user", content=t) for t in texts] or [ChatMessage(role="user", content="")],
-            max_completion_tokens=body.max_output_tokens,
-            stream=body.stream and not body.background,
-            stop=body.stop,
-            rid=body.request_id,
-        )
+        try:
+            chat = ChatCompletionRequest(
+                model=ep.served_model_name,
+                messages=[ChatMessage(role="user", content=t) for t in texts] or [ChatMessage(role="user", content="")],
+                max_completion_tokens=body.max_output_tokens,
+                stream=body.stream and not body.background,
+                stop=body.stop,
+                rid=body.request_id,
+            )
+        except ValidationError as exc:
+            return error(str(exc))
         created = int(time.time())
         renderers: list[ResponsesRenderer] = []
 
