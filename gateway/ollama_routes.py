@@ -73,8 +73,20 @@ async def ollama_tags(request: Request) -> Response:
         raise OpenAIError(502, f"backend {backend.name} did not answer /api/tags", code="upstream_unreachable", type="server_error") from exc
     public = rt.settings.server.model_name
     if status == 200 and public:
-        tags = orjson.loads(payload)
-        for model in tags.get("models", []):
-            model["name"] = model["model"] = public
-        payload = orjson.dumps(tags)
+        payload = _renamed(payload, public)
     return Response(payload, status_code=status, media_type=content_type, headers={"x-specgate-backend": backend.name})
+
+
+def _renamed(payload: bytes, name: str) -> bytes:
+    """An `/api/tags` body with every model called `name` (unchanged when it is not such a body)."""
+    try:
+        tags = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload
+    models = tags.get("models") if isinstance(tags, dict) else None
+    if not isinstance(models, list):
+        return payload
+    for model in models:
+        if isinstance(model, dict):
+            model["name"] = model["model"] = name
+    return orjson.dumps(tags)
