@@ -48,6 +48,7 @@ class ProxyJob:
     request_id: str
     arrived_at: float  # time.monotonic() when the request reached the gateway
     wire: Wire = field(default=OPENAI)
+    prepare: Callable[[dict[str, Any], str], None] | None = None  # adjusts the body sent to a backend (by name)
     on_accepted: Callable[[str], None] | None = None  # called with the backend's name once it answered 200
 
     @property
@@ -196,11 +197,13 @@ class ProxyResponse(Response):
         if self._job.forced is None:
             self._rt.policy.routed(snapshot, decision)
 
-    def _encode(self, served_model: str | None) -> bytes:
+    def _encode(self, backend: Backend) -> bytes:
         job = self._job
         body = dict(job.body)
-        if served_model:
-            body["model"] = served_model
+        if backend.served_model_name:
+            body["model"] = backend.served_model_name
+        if job.prepare is not None:
+            job.prepare(body, backend.name)
         if job.stream and not job.client_wants_usage and job.wire.openai_extras:
             # Token counts come from usage; the extra chunk is stripped from what the client sees.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
@@ -253,7 +256,7 @@ class ProxyResponse(Response):
         """
         rt = self._rt
         try:
-            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend.served_model_name))
+            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend))
         except Exception as exc:
             kind = local_kind(exc)
             if kind is None:

@@ -2,9 +2,10 @@
 
 A response SGLang stores lives in the memory of the server that generated it, so everything that
 names one (`GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, and a new response's
-`previous_response_id`) must reach that server. The gateway picks each response's id itself (SGLang
-takes the caller's `request_id` as the response id), so it knows the id before the first byte and
-records the backend as soon as that backend accepts the request (`Runtime.response_homes`).
+`previous_response_id`) must reach that server. Unless the client set `request_id` (which SGLang
+takes as the response id), the gateway picks the id itself, naming the backend it sends the
+request to, so it knows the id before the first byte; it records the backend as soon as that
+backend accepts the request (`Runtime.response_homes`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from starlette.responses import Response
 from gateway.errors import OpenAIError, upstream_error
 from gateway.openai_routes import check_model, forced_route, runtime_of
 from gateway.proxy import ProxyJob, ProxyResponse
+from gateway.response_homes import ResponseHomes, response_id_for
 from gateway.runtime import Runtime
 from gateway.schemas import ResponsesRequest
 from gateway.wire import RESPONSES
 
 router = APIRouter()
 
-_ID_PREFIX = "resp_"  # SGLang refuses ids without it
 _STREAM_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A response object, or with `stream: true` an SSE stream of typed response events",
@@ -41,7 +42,7 @@ def _not_found(response_id: str, param: str = "response_id") -> OpenAIError:
 
 
 def _home(rt: Runtime, response_id: str, param: str = "response_id") -> str:
-    backend = rt.response_homes.home_of(response_id)
+    backend = rt.response_homes.home_of(response_id, rt.pool.names)
     if backend is None:
         raise _not_found(response_id, param)
     return backend
@@ -56,27 +57,38 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
     forced = forced_route(rt, request)
     if body.previous_response_id is not None:
         forced = _home(rt, body.previous_response_id, "previous_response_id")
-    payload = dict(await request.json())  # already parsed (and cached) by the body validation
-    response_id = body.request_id or f"{_ID_PREFIX}{uuid.uuid4().hex}"
-    payload["request_id"] = response_id
-    homes = rt.response_homes
-
-    def stored_on(backend: str) -> None:
-        homes.remember(response_id, backend)
-
+    ids = _NewResponse(rt.response_homes, body.request_id)
     job = ProxyJob(
         endpoint="responses",
         path="/v1/responses",
-        body=payload,
+        body=dict(await request.json()),  # already parsed (and cached) by the body validation
         stream=body.stream,
         client_wants_usage=True,
         forced=forced,
-        request_id=response_id,
+        request_id=uuid.uuid4().hex,
         arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
         wire=RESPONSES,
-        on_accepted=stored_on if body.store is not False else None,
+        prepare=ids.prepare,
+        on_accepted=ids.accepted if body.store is not False else None,
     )
     return ProxyResponse(rt, job)
+
+
+class _NewResponse:
+    """The id of one new response (the client's `request_id`, else one naming its backend) and its home."""
+
+    def __init__(self, homes: ResponseHomes, given: str | None) -> None:
+        self._homes = homes
+        self._given = given
+        self.response_id = given or ""
+
+    def prepare(self, body: dict[str, Any], backend: str) -> None:
+        if self._given is None:
+            self.response_id = response_id_for(backend)  # anew on failover: the id names where it went
+            body["request_id"] = self.response_id
+
+    def accepted(self, backend: str) -> None:
+        self._homes.remember(self.response_id, backend)
 
 
 async def _at_home(rt: Runtime, response_id: str, path: str, method: str) -> Response:

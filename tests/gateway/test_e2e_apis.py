@@ -116,6 +116,16 @@ def test_responses_follow_up_goes_where_its_predecessor_is(client: openai.OpenAI
     assert follow.parse().previous_response_id == first.parse().id
 
 
+def test_background_response_is_cancelled_on_its_backend(gateway: GatewayProcess, client: openai.OpenAI, model: str) -> None:
+    queued = client.responses.with_raw_response.create(model=model, input="Go on.", max_output_tokens=50000, background=True)
+    assert queued.parse().status == "queued"
+    cancelled = client.responses.with_raw_response.cancel(queued.parse().id)
+    assert cancelled.headers["x-specgate-backend"] == queued.headers["x-specgate-backend"]
+    assert cancelled.parse().status == "cancelled"
+    assert client.responses.retrieve(queued.parse().id).status == "cancelled"
+    assert inflight(gateway) == 0  # the background generation holds no gateway slot
+
+
 def test_unknown_response_id_is_an_openai_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.responses.retrieve("resp_never_made")

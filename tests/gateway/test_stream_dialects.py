@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from gateway.relay import StreamResult
-from gateway.response_homes import ResponseHomes
+from gateway.response_homes import ResponseHomes, response_id_for
 from gateway.stream_dialects import relay_ollama_stream, relay_responses_stream
 
 
@@ -122,6 +122,14 @@ def test_response_homes_forget_the_least_recently_used_beyond_capacity() -> None
     homes.remember("resp_c", "plain")
     assert homes.home_of("resp_b") is None
     assert (homes.home_of("resp_a"), homes.home_of("resp_c"), len(homes)) == ("eagle", "plain", 2)
+
+
+def test_an_id_the_gateway_made_names_its_backend_even_when_forgotten() -> None:
+    made = response_id_for("plain-1")
+    assert made.startswith("resp_") and len(made) == 45
+    fresh = ResponseHomes()  # as another worker, or the gateway after a restart, would be
+    assert fresh.home_of(made, ["eagle-0", "plain-1"]) == "plain-1"
+    assert fresh.home_of(made, ["eagle-0"]) is None  # names no backend of this gateway
 
 
 def test_unknown_response_has_no_home() -> None:
