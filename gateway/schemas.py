@@ -89,3 +89,9 @@ class OllamaGenerateRequest(_OllamaRequest):
     """POST /api/generate."""
 
     prompt: str
+
+
+class OllamaShowRequest(_Open):
+    """POST /api/show."""
+
+    model: str

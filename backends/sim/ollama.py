@@ -1,4 +1,4 @@
-"""SGLang's Ollama-compatible routes (`/api/chat`, `/api/generate`, `/api/tags`), as SGLang 0.5.23 serves them.
+"""SGLang's Ollama-compatible routes (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`), as SGLang 0.5.23 serves them.
 
 SGLang maps Ollama's `options` onto its sampling parameters (`num_predict` is `max_new_tokens`,
 2048 when absent; `stop`, `seed`, ...), ignores `model` (it answers with its served name) and
@@ -49,6 +49,10 @@ class OllamaMessage(BaseModel):
 
 class OllamaChatBody(_OllamaBody):
     messages: list[OllamaMessage]
+
+
+class OllamaShowBody(BaseModel):
+    model: str
 
 
 class OllamaGenerateBody(_OllamaBody):
@@ -166,6 +170,38 @@ def add_ollama_routes(app: FastAPI, ep: Endpoint) -> None:
             )
 
         return start(build, chat=False)
+
+    @app.post("/api/show")
+    async def show(body: OllamaShowBody) -> Response:
+        family = body.model.split("/")[-1]
+        for suffix in ("-Instruct", "-Chat", "-Base"):
+            if family.endswith(suffix):
+                family = family[: -len(suffix)]
+                break
+        context = ep.profile.context_length
+        details = {
+            "parent_model": "",
+            "format": "sglang",
+            "family": family,
+            "families": [family],
+            "parameter_size": "unknown",
+            "quantization_level": "",
+        }
+        info = {"general.architecture": family, "general.name": body.model, "general.parameter_count": 0}
+        info |= {f"{family}.context_length": context, f"{family}.block_count": 0, f"{family}.embedding_length": 0}
+        info[f"{family}.attention.head_count"] = 0
+        return json_response(
+            {
+                "license": "",
+                "modelfile": f"FROM {body.model}\nPARAMETER num_ctx {context}\n",
+                "parameters": f"num_ctx {context}",
+                "template": "",
+                "modified_at": timestamp(),
+                "details": details,
+                "model_info": info,
+                "capabilities": ["completion"],
+            }
+        )
 
     @app.get("/api/tags")
     async def tags() -> Response:

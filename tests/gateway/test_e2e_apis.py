@@ -189,6 +189,23 @@ def test_chat_n_choices_with_logprobs(gateway: GatewayProcess, client: openai.Op
     assert inflight(gateway) == 0
 
 
+def test_streamed_chat_n_choices_interleave_through_the_gateway(gateway: GatewayProcess, client: openai.OpenAI, model: str) -> None:
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Two words."}], n=2, max_tokens=4, stream=True
+    )
+    texts = {0: "", 1: ""}
+    finishes = {}
+    for chunk in stream:
+        assert chunk.usage is None  # asked for on the client's behalf, stripped again
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert finishes == {0: "length", 1: "length"}
+    assert all(len(text.split()) == 4 for text in texts.values())
+    assert inflight(gateway) == 0
+
+
 def test_chat_json_schema_response_format(client: openai.OpenAI, model: str) -> None:
     schema = {
         "type": "object",
@@ -207,6 +224,7 @@ def test_chat_json_schema_response_format(client: openai.OpenAI, model: str) -> 
 def test_ollama_client_chat_generate_and_tags(gateway: GatewayProcess) -> None:
     client = ollama.Client(host=gateway.url)
     (listed,) = client.list().models
+    assert client.show(listed.model or "").details.format == "sglang"  # type: ignore[union-attr]
     reply = client.chat(model=listed.model or "", messages=[{"role": "user", "content": "Hi"}], stream=False, options={"num_predict": 6})
     assert reply.done and reply.message.content and reply.eval_count == 6
     pieces = list(client.generate(model=listed.model or "", prompt="Once upon a time", options={"num_predict": 6}, stream=True))
