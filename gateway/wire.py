@@ -42,10 +42,9 @@ def openai_max_tokens(body: Body) -> int | None:
 
 
 def ollama_max_tokens(body: Body) -> int | None:
-    """Ollama's `options.num_predict`; SGLang's own default (2048) when absent."""
+    """Ollama's `options.num_predict` (absent, SGLang caps at 2048 but the model usually stops far sooner)."""
     options = body.get("options")
-    limit = _positive_int(options.get("num_predict")) if isinstance(options, dict) else None
-    return limit or 2048
+    return _positive_int(options.get("num_predict")) if isinstance(options, dict) else None
 
 
 def _openai_stream_error(err: OpenAIError) -> bytes:

@@ -8,6 +8,7 @@ import httpx
 import orjson
 import pytest
 
+from backends.sim.chat_extras import example_of
 from backends.testbed import SimFactory, SimHandle
 
 MODEL = "specgate-sim/field-8gpu"
@@ -95,3 +96,17 @@ def test_ollama_generate_with_an_empty_prompt_answers_at_once(eagle: SimHandle) 
 def test_ollama_bad_options_are_a_400(eagle: SimHandle) -> None:
     body = {"model": "m", "prompt": "hi", "options": {"num_predict": -3}}
     assert httpx.post(eagle.url() + "/api/generate", json=body).status_code == 400
+
+
+def test_schema_examples_match_their_schema() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["a", "b"]},
+            "n": {"type": ["integer", "null"]},
+            "xs": {"type": "array", "items": {"type": "number"}, "minItems": 2},
+            "inner": {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+            "either": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+        },
+    }
+    assert example_of(schema) == {"kind": "a", "n": 1, "xs": [1.5, 1.5], "inner": {"ok": True}, "either": "sim"}
