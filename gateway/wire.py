@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-
 from gateway.errors import OpenAIError
 from gateway.relay import DONE, StreamResult, relay_stream
 from gateway.stream_dialects import (
