@@ -132,6 +132,9 @@ def test_unknown_response_id_is_an_openai_404(client: openai.OpenAI) -> None:
     assert caught.value.body["code"] == "response_not_found"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp_never_made")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.responses.create(input="Continue.", previous_response_id="resp_never_made")
+    assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def test_chat_with_required_tool_returns_a_tool_call(client: openai.OpenAI, model: str) -> None:
