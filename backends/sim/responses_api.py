@@ -143,6 +143,7 @@ class ResponseStore:
         self.responses: dict[str, dict[str, Any]] = {}
         self.history: dict[str, list[str]] = {}
         self.running: dict[str, SimRequest] = {}  # background responses still generating
+        self.tasks: set[asyncio.Task[None]] = set()  # their tasks, held so none is collected mid-run
 
     def keep(self, body: ResponsesBody, response: dict[str, Any], text: str, earlier: list[str]) -> None:
         """Store `response` unless storing is off or it was cancelled meanwhile."""
@@ -262,7 +263,7 @@ def add_responses_routes(app: FastAPI, ep: Endpoint, store: ResponseStore) -> No
                 model=ep.served_model_name,
                 messages=[ChatMessage(role="user", content=t) for t in texts] or [ChatMessage(role="user", content="")],
                 max_completion_tokens=body.max_output_tokens,
-                stream=body.stream and not body.background,
+                stream=body.stream,
                 stop=body.stop,
                 rid=body.request_id,
             )
@@ -280,13 +281,16 @@ def add_responses_routes(app: FastAPI, ep: Endpoint, store: ResponseStore) -> No
             response = ep.start_generation(chat, renderer, include_usage=True)
         except RequestError as exc:
             return error(str(exc))
-        if not body.background or not isinstance(response, GenerationResponse):
+        # background with stream streams on this connection, as SGLang does
+        if not body.background or body.stream or not isinstance(response, GenerationResponse):
             return response
         queued = response_object(body, ep.served_model_name, created, "queued", [], None)
         store.responses[body.request_id] = queued
         req = response.req
         store.running[body.request_id] = req
-        asyncio.get_running_loop().create_task(_finish_in_background(ep, store, req, renderers[0]))
+        task = asyncio.get_running_loop().create_task(_finish_in_background(ep, store, req, renderers[0]))
+        store.tasks.add(task)
+        task.add_done_callback(store.tasks.discard)
         return json_response(queued)
 
     @app.get("/v1/responses/{response_id}")
