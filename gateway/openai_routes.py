@@ -43,25 +43,31 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     return await _proxy(request, body.model, body.stream, body.wants_usage, "completions", "/v1/completions")
 
 
-async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, endpoint: str, path: str) -> Response:
-    rt = runtime_of(request)
+def check_model(rt: Runtime, model: str) -> None:
+    """Refuse a model id the gateway does not serve, as OpenAI does (404 `model_not_found`)."""
     known = rt.model_ids()
     if known and model not in known:
         raise OpenAIError(404, f"The model '{model}' does not exist; available: {', '.join(known)}", param="model", code="model_not_found")
+
+
+async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, endpoint: str, path: str) -> Response:
+    rt = runtime_of(request)
+    check_model(rt, model)
     job = ProxyJob(
         endpoint=endpoint,
         path=path,
         body=dict(await request.json()),  # already parsed (and cached) by the body validation
         stream=stream,
         client_wants_usage=wants_usage,
-        forced=_forced_route(rt, request),
+        forced=forced_route(rt, request),
         request_id=uuid.uuid4().hex,
         arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
     )
     return ProxyResponse(rt, job)
 
 
-def _forced_route(rt: Runtime, request: Request) -> str | None:
+def forced_route(rt: Runtime, request: Request) -> str | None:
+    """The backend or mode the client's route header forces, when the gateway allows that header."""
     if not rt.settings.security.allow_route_header:
         return None
     forced = request.headers.get(ROUTE_HEADER)

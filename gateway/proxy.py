@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -25,8 +26,8 @@ from gateway.errors import OpenAIError, upstream_error
 from gateway.local_errors import local_kind
 from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
-from gateway.relay import DONE, relay_stream
 from gateway.runtime import Runtime
+from gateway.wire import OPENAI, Wire
 
 log = logging.getLogger("specgate.proxy")
 
@@ -38,23 +39,22 @@ _UNROUTED = "none"  # backend label of requests refused before routing (draining
 class ProxyJob:
     """A validated generation request, ready to route."""
 
-    endpoint: str  # metric label: "chat" or "completions"
+    endpoint: str  # metric label: "chat", "completions", "responses", "ollama_chat", ...
     path: str  # upstream path
     body: dict[str, Any]  # the client's JSON, forwarded with `model` rewritten
     stream: bool
     client_wants_usage: bool
-    forced: str | None  # x-specgate-route
+    forced: str | None  # x-specgate-route, or the backend holding the response a follow-up names
     request_id: str
     arrived_at: float  # time.monotonic() when the request reached the gateway
+    wire: Wire = field(default=OPENAI)
+    prepare: Callable[[dict[str, Any], str], None] | None = None  # adjusts the body sent to a backend (by name)
+    on_accepted: Callable[[str], None] | None = None  # called with the backend's name once it answered 200
 
     @property
     def max_tokens(self) -> int | None:
         """The client's limit on output tokens, when it gave one (the routing policy's expected length)."""
-        for key in ("max_completion_tokens", "max_tokens"):
-            value = self.body.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return None
+        return self.wire.max_tokens(self.body)
 
 
 async def _client_gone(receive: Receive) -> None:
@@ -105,7 +105,7 @@ class ProxyResponse(Response):
         """The gateway stopped before the response ended: say so rather than cut the connection."""
         err = OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
         if self._streaming:
-            await send({"type": "http.response.body", "body": err.sse_event() + DONE, "more_body": False})
+            await send({"type": "http.response.body", "body": self._job.wire.stream_error(err), "more_body": False})
         elif self._status == _CLIENT_GONE:  # nothing sent yet
             self._status = "503"
             await self._send_error(send, err)
@@ -128,7 +128,10 @@ class ProxyResponse(Response):
                 return
             if resp.status != 200:
                 await self._relay_error(resp, send)
-            elif job.stream:
+                return
+            if job.on_accepted is not None:
+                job.on_accepted(self._backend.name)
+            if job.stream:
                 await self._relay_stream(resp, send)
             else:
                 await self._relay_body(resp, send)
@@ -194,15 +197,17 @@ class ProxyResponse(Response):
         if self._job.forced is None:
             self._rt.policy.routed(snapshot, decision)
 
-    def _encode(self, served_model: str | None) -> bytes:
+    def _encode(self, backend: Backend) -> bytes:
         job = self._job
         body = dict(job.body)
-        if served_model:
-            body["model"] = served_model
-        if job.stream and not job.client_wants_usage:
+        if backend.served_model_name:
+            body["model"] = backend.served_model_name
+        if job.prepare is not None:
+            job.prepare(body, backend.name)
+        if job.stream and not job.client_wants_usage and job.wire.openai_extras:
             # Token counts come from usage; the extra chunk is stripped from what the client sees.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        if "rid" not in body and body.get("n") in (None, 1):
+        if job.wire.openai_extras and "rid" not in body and body.get("n") in (None, 1):
             body["rid"] = job.request_id  # lets SGLang's /abort_request and logs name this request
         try:
             return orjson.dumps(body)
@@ -251,7 +256,7 @@ class ProxyResponse(Response):
         """
         rt = self._rt
         try:
-            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend.served_model_name))
+            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend))
         except Exception as exc:
             kind = local_kind(exc)
             if kind is None:
@@ -298,7 +303,7 @@ class ProxyResponse(Response):
             return
         handled_at = time.monotonic()
         try:
-            usage = orjson.loads(payload).get("usage")
+            usage = self._job.wire.usage(orjson.loads(payload))
         except (orjson.JSONDecodeError, AttributeError):
             rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
             await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
@@ -330,14 +335,14 @@ class ProxyResponse(Response):
                 "headers": _headers(
                     backend.name,
                     job.request_id,
-                    b"text/event-stream; charset=utf-8",
+                    job.wire.stream_content_type,
                     [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
                 ),
             }
         )
         self._status = "200"
         self._streaming = True
-        result = await relay_stream(
+        result = await job.wire.relay(
             resp,
             send,
             strip_usage=not job.client_wants_usage,

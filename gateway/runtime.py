@@ -15,9 +15,10 @@ from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Policy
 from gateway.pool import Backend, Pool
+from gateway.response_homes import ResponseHomes
 from gateway.upstream import UpstreamClient
 
-ENDPOINTS = ("chat", "completions")
+ENDPOINTS = ("chat", "completions", "responses", "ollama_chat", "ollama_generate")
 
 
 class Runtime:
@@ -55,6 +56,7 @@ class Runtime:
         policy.attach(self.pool.snapshot)
         self.health = HealthChecker(self.pool, self.upstreams, settings.health)
         self.draining = False
+        self.response_homes = ResponseHomes()  # which backend holds each stored Responses API response
         self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)

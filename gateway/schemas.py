@@ -53,3 +53,45 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
+
+
+class ResponsesRequest(_Open):
+    """POST /v1/responses (SGLang's `ResponsesRequest`; `model` may be left out, as SGLang allows)."""
+
+    model: str | None = Field(default=None, min_length=1)
+    input: str | list[Any]
+    stream: bool = False
+    store: bool | None = True
+    background: bool | None = False
+    previous_response_id: str | None = None
+    request_id: str | None = Field(default=None, min_length=1)
+    max_output_tokens: int | None = None
+
+
+class OllamaMessage(_Open):
+    role: str
+    content: str
+
+
+class _OllamaRequest(_Open):
+    model: str
+    stream: bool = True  # Ollama streams unless told not to
+    options: dict[str, Any] | None = None
+
+
+class OllamaChatRequest(_OllamaRequest):
+    """POST /api/chat."""
+
+    messages: list[OllamaMessage]
+
+
+class OllamaGenerateRequest(_OllamaRequest):
+    """POST /api/generate."""
+
+    prompt: str
+
+
+class OllamaShowRequest(_Open):
+    """POST /api/show."""
+
+    model: str

@@ -18,6 +18,7 @@ from backends.sim.endpoint import Endpoint
 from backends.sim.engine import RequestError
 from backends.sim.faults import FAULT_ADAPTER, CrashFault, FaultSpec, describe_error
 from backends.sim.middleware import ApiKeyMiddleware, HangMiddleware, HttpMetricsMiddleware
+from backends.sim.ollama import add_ollama_routes
 from backends.sim.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -26,6 +27,7 @@ from backends.sim.protocol import (
     json_response,
     model_not_found,
 )
+from backends.sim.responses_api import ResponseStore, add_responses_routes
 from backends.sim.status import LOAD_SECTIONS, loads, loads_prometheus, model_card, model_info, model_list, server_info
 
 
@@ -80,6 +82,9 @@ def create_app(ep: Endpoint) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(_require_json)])
     async def completions(body: CompletionRequest) -> Response:
         return generate(body)
+
+    add_responses_routes(app, ep, ResponseStore(ep.settings.enable_response_store))
+    add_ollama_routes(app, ep)
 
     @app.get("/v1/models")
     async def models() -> Response:

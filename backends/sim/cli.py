@@ -128,6 +128,9 @@ def _option_error(err: ErrorDetails) -> str:
 @click.option("--eagle-max-running-requests", type=click.IntRange(min=1), help="the eagle cap with --colocated")
 @click.option("--plain-max-running-requests", type=click.IntRange(min=1), help="the plain cap with --colocated")
 @click.option(
+    "--enable-response-store", is_flag=True, help="store Responses API responses for retrieval and follow-ups (as SGLang)"
+)
+@click.option(
     "--enable-test-endpoints", is_flag=True, help="serve the test-only /_test/requests and /_test/fault routes"
 )
 @click.option(

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from starlette.responses import Response
+
+from backends.sim.chat_extras import ExtrasChatRenderer, wants_extras
+from backends.sim.choices import ChoicesResponse
 from backends.sim.engine import Engine, RequestError, SimRequest
 from backends.sim.faults import FaultState
 from backends.sim.layout import ServerSlot
@@ -29,6 +34,8 @@ from backends.sim.tokenizer import count_chat_tokens, count_tokens
 Status = Literal["starting", "up", "draining"]
 
 SGLANG_VERSION = "0.5.23"
+
+RendererFactory = Callable[[SimRequest, str], Renderer]  # (request, model) -> its renderer
 
 
 @dataclass
@@ -60,24 +67,48 @@ class Endpoint:
         """SGLang's `speculative_algorithm` for this role."""
         return "EAGLE3" if self.table.speculative else None
 
-    def start_generation(self, body: ChatCompletionRequest | CompletionRequest) -> GenerationResponse:
-        """Validate `body`, queue it in the engine and return the response that will carry its output."""
-        req, renderer = self._build(body)
+    def start_generation(
+        self,
+        body: ChatCompletionRequest | CompletionRequest,
+        renderer: RendererFactory | None = None,
+        *,
+        include_usage: bool | None = None,
+    ) -> Response:
+        """Validate `body`, queue it in the engine and return the response that will carry its output.
+
+        `renderer` answers in another API's shape (Responses, Ollama), whose usage is reported
+        when `include_usage` says so rather than by the body's `stream_options`.
+        """
+        if body.n != 1:
+            return self._start_choices(body)
+        req, default = self._build(body)
         self.engine.submit(req, hold_seconds=self.faults.first_token_delay)
         return GenerationResponse(
             self.engine,
             req,
-            renderer,
-            include_usage=body.include_usage(),
+            default if renderer is None else renderer(req, body.model),
+            include_usage=body.include_usage() if include_usage is None else include_usage,
             spec_details=self.table.num_draft_tokens
             if body.return_spec_tokens_details and self.table.speculative
             else None,
             faults=self.faults.stream_faults(),
         )
 
-    def _build(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[SimRequest, Renderer]:
-        if body.n != 1:
-            raise RequestError("n > 1 is not supported by the simulated server; send n separate requests")
+    def _start_choices(self, body: ChatCompletionRequest | CompletionRequest) -> Response:
+        """A chat request for `n` > 1 choices: n requests in the engine, one response."""
+        if not isinstance(body, ChatCompletionRequest):
+            raise RequestError("n > 1 is supported by the simulated server on chat completions only")
+        if not 1 <= body.n <= 128:
+            raise RequestError("n must be between 1 and 128")
+        first, _ = self._build(body)
+        reqs = [first] + [self._build(body, choice=i)[0] for i in range(1, body.n)]
+        for req in reqs:
+            self.engine.submit(req, hold_seconds=self.faults.first_token_delay)
+        renderers = [ExtrasChatRenderer(first.rid, int(first.created), body.model, body, i) for i in range(body.n)]
+        return ChoicesResponse(self.engine, reqs, renderers, stream=body.stream, include_usage=body.include_usage())
+
+    def _build(self, body: ChatCompletionRequest | CompletionRequest, choice: int = 0) -> tuple[SimRequest, Renderer]:
+        """The engine request for `body` (its choice number `choice`, whose text differs) and its renderer."""
         if isinstance(body.rid, list) and len(body.rid) != 1:
             raise RequestError("a list of rid (a batched request) is not supported by the simulated server")
         if isinstance(body, ChatCompletionRequest):
@@ -112,14 +143,16 @@ class Endpoint:
                 "the completion to fit within the limit."
             )
         req = SimRequest(
-            rid=body.request_id() or f"{prefix}{uuid.uuid4().hex}",
+            rid=f"{body.request_id() or prefix + uuid.uuid4().hex}{f'-{choice}' if choice else ''}",
             prompt_tokens=prompt_tokens,
             max_new_tokens=max_new,
             is_streaming=body.stream,
-            text_start=self.engine.text.start_for(prompt_key),
+            text_start=self.engine.text.start_for(prompt_key if not choice else f"{prompt_key}#{choice}"),
             stop=body.stop_strings(),
             natural_stop=natural_stop,
         )
+        if isinstance(body, ChatCompletionRequest) and wants_extras(body):
+            return req, ExtrasChatRenderer(req.rid, int(req.created), body.model, body)
         renderer_class = ChatRenderer if isinstance(body, ChatCompletionRequest) else CompletionRenderer
         return req, renderer_class(req.rid, int(req.created), body.model)
 

@@ -18,11 +18,16 @@ from backends.sim.metrics import SimMetrics
 
 TEST_PREFIX = "/_test/"
 
-# Endpoint label values: the routes, with the model id of /v1/models/{model} folded into one.
+# Endpoint label values: the routes, with the ids of /v1/models/{model} and /v1/responses/{id} folded into one.
 _KNOWN_ENDPOINTS = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
+        "/api/chat",
+        "/api/generate",
+        "/api/tags",
+        "/api/show",
         "/v1/models",
         "/v1/loads",
         "/health",
@@ -46,6 +51,8 @@ def endpoint_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{response_id}/cancel" if path.endswith("/cancel") else "/v1/responses/{response_id}"
     return "other"
 
 

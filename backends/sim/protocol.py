@@ -1,8 +1,9 @@
 """Request bodies the simulator accepts (OpenAI plus SGLang extras) and SGLang's error body shapes.
 
-Only the fields that shape the simulation are typed; every other field OpenAI or SGLang defines
-(temperature, top_p, logprobs, tools, `priority`, `separate_reasoning`, `chat_template_kwargs`, ...)
-and any unknown field is accepted and ignored, as SGLang ignores fields it does not know.
+Only the fields that shape the simulation are typed (chat's `tools`, `tool_choice`, `logprobs`,
+`top_logprobs` and `response_format` among them); every other field OpenAI or SGLang defines
+(temperature, top_p, `priority`, `separate_reasoning`, `chat_template_kwargs`, ...) and any unknown
+field is accepted and ignored, as SGLang ignores fields it does not know.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    # OpenAI extras the simulated model answers in SGLang's shape (see `backends/sim/chat_extras.py`).
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int | None:
         """SGLang's rule: max_completion_tokens, else max_tokens."""

@@ -29,7 +29,10 @@ def _finish(reason: str, matched_stop: str | int | None) -> bytes:
 
 
 class Renderer(Protocol):
-    """Bytes of a chat or completions response."""
+    """Bytes of a generation response (chat, completions, and the Responses and Ollama APIs)."""
+
+    done: bytes  # what ends a stream after its last event
+    stream_content_type: bytes
 
     def opening(self) -> bytes:
         """Sent ahead of the first text."""
@@ -54,6 +57,8 @@ class Renderer(Protocol):
 
 class _Base:
     object_chunk = b""
+    done = DONE
+    stream_content_type = b"text/event-stream; charset=utf-8"
 
     def __init__(self, rid: str, created: int, model: str) -> None:
         self.rid = rid

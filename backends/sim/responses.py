@@ -16,9 +16,8 @@ from starlette.types import Receive, Scope, Send
 
 from backends.sim.engine import Engine, SimRequest
 from backends.sim.faults import StreamFaults
-from backends.sim.render import DONE, Renderer
+from backends.sim.render import Renderer
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
 _GARBAGE_EVENT = b"data: {this is not json\n\n"
 
 
@@ -117,12 +116,13 @@ class GenerationResponse(Response):
                 body = renderer.ending(text, req.finish_reason or "abort", req.matched_stop)
                 if self.include_usage:
                     body += renderer.usage(usage_of(req, self.spec_details))
-                body += DONE
+                body += renderer.done
             else:
                 body = renderer.content(text)
             sent_chars += len(text)
             if not started:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                headers = [(b"content-type", renderer.stream_content_type)]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
                 body = renderer.opening() + body
                 started = True
             if faults.drop_after == chunks:

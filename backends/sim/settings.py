@@ -49,6 +49,7 @@ class SimSettings(BaseModel):
     eagle_max_running_requests: int | None = Field(default=None, ge=1)
     plain_max_running_requests: int | None = Field(default=None, ge=1)
     enable_test_endpoints: bool = False
+    enable_response_store: bool = False  # SGLang's --enable-response-store: keep Responses API responses
     test_faults: list[FaultSpec] = Field(default_factory=list)
     drain_timeout: float = Field(default=30.0, ge=0, description="wall seconds SIGTERM waits for running requests")
     log_level: LogLevel = "info"

@@ -44,12 +44,13 @@ class FakeBackend:
     posts: int = 0
     gets: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)  # of the generation requests, as received
     url: str = ""
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.posts += 1
         self.headers.append(dict(request.headers))
-        await request.read()
+        self.bodies.append(await request.read())
         if self.mode == "error":
             error = {"error": {"message": "boom", "type": "server_error", "param": None, "code": "boom"}}
             return web.json_response(error, status=self.status)

@@ -191,8 +191,8 @@ def test_spec_token_details_in_usage(client: openai.OpenAI) -> None:
             "BadRequestError",
         ),
         (
-            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2},
-            "n > 1 is not supported",
+            {"model": MODEL, "prompt": "x", "n": 2},
+            "n > 1 is supported by the simulated server on chat completions only",
             "BadRequestError",
         ),
         ({"model": MODEL, "prompt": ""}, "Prompt cannot be empty", "BadRequestError"),
