@@ -21,7 +21,8 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import OpenAIError, upstream_error
+from gateway.dialect import OPENAI, Dialect
+from gateway.errors import OpenAIError
 from gateway.local_errors import local_kind
 from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
@@ -38,7 +39,7 @@ _UNROUTED = "none"  # backend label of requests refused before routing (draining
 class ProxyJob:
     """A validated generation request, ready to route."""
 
-    endpoint: str  # metric label: "chat" or "completions"
+    endpoint: str  # metric label: "chat", "completions" or "generate"
     path: str  # upstream path
     body: dict[str, Any]  # the client's JSON, forwarded with `model` rewritten
     stream: bool
@@ -46,15 +47,13 @@ class ProxyJob:
     forced: str | None  # x-specgate-route
     request_id: str
     arrived_at: float  # time.monotonic() when the request reached the gateway
+    dialect: Dialect = OPENAI  # the API's body and response formats
+    weight: int = 1  # sequences it runs upstream: its in-flight count (a batched /generate holds more)
 
     @property
     def max_tokens(self) -> int | None:
         """The client's limit on output tokens, when it gave one (the routing policy's expected length)."""
-        for key in ("max_completion_tokens", "max_tokens"):
-            value = self.body.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return None
+        return self.dialect.max_tokens(self.body)
 
 
 async def _client_gone(receive: Receive) -> None:
@@ -72,7 +71,7 @@ def _headers(backend: str, request_id: str, content_type: bytes, extra: list[tup
 
 
 class ProxyResponse(Response):
-    """Routes, proxies and relays one chat/completions request."""
+    """Routes, proxies and relays one generation request (chat, completions or native /generate)."""
 
     def __init__(self, runtime: Runtime, job: ProxyJob) -> None:
         super().__init__()
@@ -109,6 +108,11 @@ class ProxyResponse(Response):
         elif self._status == _CLIENT_GONE:  # nothing sent yet
             self._status = "503"
             await self._send_error(send, err)
+
+    @property
+    def routed_to(self) -> str | None:
+        """The backend holding this request's slot; None before routing."""
+        return None if self._slot is None else self._slot.backend.name
 
     @property
     def _backend(self) -> Backend:
@@ -148,7 +152,8 @@ class ProxyResponse(Response):
         if rt.draining:
             raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
         inflight = rt.pool.total_inflight
-        if inflight >= rt.inflight_limit:
+        # A batch wider than the whole limit still runs alone rather than never.
+        if inflight >= rt.inflight_limit or (inflight and inflight + job.weight > rt.inflight_limit):
             if inflight >= rt.budget.capacity:
                 rt.metrics.local_errors.labels("inflight_capacity").inc()
             raise OpenAIError(
@@ -168,7 +173,7 @@ class ProxyResponse(Response):
         if decision is None:
             target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
             raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
-        self._slot = rt.pool.acquire(decision.backend, job.max_tokens)
+        self._slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight)
         self._placed(snapshot, decision)
 
     def _fail_over(self, failed: str) -> bool:
@@ -196,14 +201,13 @@ class ProxyResponse(Response):
 
     def _encode(self, served_model: str | None) -> bytes:
         job = self._job
-        body = dict(job.body)
-        if served_model:
-            body["model"] = served_model
-        if job.stream and not job.client_wants_usage:
-            # Token counts come from usage; the extra chunk is stripped from what the client sees.
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        if "rid" not in body and body.get("n") in (None, 1):
-            body["rid"] = job.request_id  # lets SGLang's /abort_request and logs name this request
+        body = job.dialect.upstream_body(
+            job.body,
+            served_model=served_model,
+            stream=job.stream,
+            client_wants_usage=job.client_wants_usage,
+            request_id=job.request_id,
+        )
         try:
             return orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # parsed fine, but e.g. nested deeper than orjson's 255 levels
@@ -279,7 +283,7 @@ class ProxyResponse(Response):
             payload = b""
         if resp.status >= 500:
             self._rt.metrics.upstream_errors.labels(name, f"http_{resp.status}").inc()
-        err = upstream_error(resp.status, payload)
+        err = self._job.dialect.upstream_error(resp.status, payload)
         self._status = str(err.status)
         await self._send_error(send, err)
 
@@ -298,8 +302,8 @@ class ProxyResponse(Response):
             return
         handled_at = time.monotonic()
         try:
-            usage = orjson.loads(payload).get("usage")
-        except (orjson.JSONDecodeError, AttributeError):
+            usage = self._job.dialect.usage(orjson.loads(payload))
+        except (ValueError, AttributeError, TypeError):  # orjson.JSONDecodeError is a ValueError
             rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
             await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
             return
@@ -344,6 +348,7 @@ class ProxyResponse(Response):
             idle_timeout=rt.settings.timeouts.idle,
             on_token=on_token,
             on_gap=itl.observe,
+            read=job.dialect.chunk_reader(),
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if result.error_kind is not None:
@@ -354,7 +359,8 @@ class ProxyResponse(Response):
         self._count_usage(backend.name, result.usage)
         tokens = int((result.usage or {}).get("completion_tokens") or 0)
         window = slot.decode_window()
-        if tokens >= 2 and window is not None and result.first_token_at is not None:
+        # A batch's chunks interleave several sequences: its pace says nothing about one sequence's.
+        if tokens >= 2 and window is not None and result.first_token_at is not None and slot.weight == 1:
             rt.policy.observe(
                 Completion(
                     backend=backend.name,

@@ -13,11 +13,12 @@ from gateway.config import BackendConfig, Settings
 from gateway.fdbudget import DescriptorBudget, current_budget
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
+from gateway.native import RidTable
 from gateway.policy import Policy
 from gateway.pool import Backend, Pool
 from gateway.upstream import UpstreamClient
 
-ENDPOINTS = ("chat", "completions")
+ENDPOINTS = ("chat", "completions", "generate")
 
 
 class Runtime:
@@ -56,6 +57,7 @@ class Runtime:
         self.health = HealthChecker(self.pool, self.upstreams, settings.health)
         self.draining = False
         self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
+        self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)
         metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))
