@@ -18,6 +18,7 @@ from backends.sim.endpoint import Endpoint
 from backends.sim.engine import RequestError
 from backends.sim.faults import FAULT_ADAPTER, CrashFault, FaultSpec, describe_error
 from backends.sim.middleware import ApiKeyMiddleware, HangMiddleware, HttpMetricsMiddleware
+from backends.sim.native_routes import install_native_routes
 from backends.sim.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -80,6 +81,8 @@ def create_app(ep: Endpoint) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(_require_json)])
     async def completions(body: CompletionRequest) -> Response:
         return generate(body)
+
+    install_native_routes(app, ep)
 
     @app.get("/v1/models")
     async def models() -> Response:
