@@ -124,10 +124,16 @@ class NativeCall:
         # SGLang orders a parallel-sampled batch prompt-major within each sample round.
         order = [i for _ in range(n) for i in range(len(prompts))]
         rids = _rids(body.get("rid"), len(order), batched)
+        stream = bool(body.get("stream"))
         sequences = [
-            _Sequence(self._request(prompts[i], params[i], bool(body.get("stream")), rid), prompts[i][2],
-                      bool(logprob[i]), int(start_len[i] if start_len[i] is not None else -1), int(top[i] or 0))
-            for i, rid in zip(order, rids, strict=True)
+            _Sequence(
+                self._request(prompts[i], params[i], stream, rid, sample=k // len(prompts)),
+                prompts[i][2],
+                bool(logprob[i]),
+                int(start_len[i] if start_len[i] is not None else -1),
+                int(top[i] or 0),
+            )
+            for k, (i, rid) in enumerate(zip(order, rids, strict=True))
         ]
         submitted: list[SimRequest] = []
         try:
@@ -140,8 +146,11 @@ class NativeCall:
             raise
         return NativeResponse(self.ep, sequences, batched=batched)
 
-    def _request(self, prompt: tuple[int, str, list[int]], params: dict[str, Any], stream: bool, rid: str | None) -> SimRequest:
+    def _request(
+        self, prompt: tuple[int, str, list[int]], params: dict[str, Any], stream: bool, rid: str | None, *, sample: int
+    ) -> SimRequest:
         prompt_tokens, key, _ = prompt
+        key = key if sample == 0 else f"{key}\x00{sample}"  # each of n samples writes its own text
         limit = self.ep.profile.context_length
         if prompt_tokens >= limit:
             raise RequestError(
