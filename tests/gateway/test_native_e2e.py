@@ -147,3 +147,20 @@ def test_tokenize_and_detokenize_take_no_slot(rig: Rig) -> None:
     for path in ("/v1/detokenize", "/detokenize"):
         assert post(rig, {"tokens": tokens}, path).json() == {"text": " the sea"}
     assert {name: b["requests_served"] for name, b in rig.status().items()} == served
+
+
+def test_a_single_stream_feeds_the_adaptive_fit_and_a_batch_does_not(rig: Rig) -> None:
+    def observations() -> float:
+        beliefs = httpx.get(rig.gw.url + "/admin/status").json()["policy"]["beliefs"]
+        return beliefs["backends"]["plain"]["observations"]
+
+    def stream(body: dict[str, Any]) -> None:
+        with httpx.stream("POST", rig.gw.url + "/generate", content=orjson.dumps({**body, "stream": True}),
+                          headers={"x-specgate-route": "plain"}, timeout=30) as resp:
+            assert list(data_events(resp.iter_lines()))[-1] == "[DONE]"
+
+    before = observations()
+    stream({"text": ["a", "b"], "sampling_params": {"max_new_tokens": 30}})
+    assert observations() == before
+    stream({"text": "a", "sampling_params": {"max_new_tokens": 30}})
+    assert observations() == before + 1
