@@ -1,9 +1,9 @@
-"""SGLang's native surface: `/generate` (proxied like chat), tokenize/detokenize and `/abort_request`.
+"""SGLang's native surface: `/generate` (proxied like chat), tokenize/detokenize, `/abort_request`, `/flush_cache`.
 
 `/generate` takes a slot of the request's weight (prompts x n) and goes through the same proxy as
 the OpenAI routes. Tokenize and detokenize are answered by any ready backend without a slot (both
 serve the same tokenizer); `/abort_request` goes to the backend running that rid when the gateway
-knows it, else to every ready backend.
+knows it, else to every ready backend; `/flush_cache` to every ready backend.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
@@ -143,14 +144,28 @@ async def abort_request(request: Request) -> Response:
         raise OpenAIError(400, "rid must be a string and abort_all a boolean", code="invalid_request")
     known = None if body.get("abort_all") else rt.rids.backend_of(rid)
     targets = [rt.pool[known]] if known is not None else [b for b in rt.pool if b.available]
+    return await _fan_out(rt, targets, "/abort_request", orjson.dumps(body))
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    """Flush every ready backend's prefix cache (SGLang's benchmark does between warm-up and the run)."""
+    rt = runtime_of(request)
+    timeout = request.query_params.get("timeout")
+    path = "/flush_cache" if timeout is None else f"/flush_cache?{urlencode({'timeout': timeout})}"
+    return await _fan_out(rt, [b for b in rt.pool if b.available], path, b"")
+
+
+async def _fan_out(rt: Runtime, targets: list[Backend], path: str, payload: bytes) -> Response:
+    """POST to every target at once; the first non-200 answer, else the first answer."""
     if not targets:
         raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
-    payload = orjson.dumps(body)
-    answers = await asyncio.gather(*(_post(rt, b, "/abort_request", payload) for b in targets), return_exceptions=True)
+    answers = await asyncio.gather(*(_post(rt, b, path, payload) for b in targets), return_exceptions=True)
     for backend, answer in zip(targets, answers, strict=True):
         if isinstance(answer, BaseException):
-            raise OpenAIError(502, f"backend {backend.name} did not answer /abort_request", code="upstream_unreachable", type="server_error")
-        status, reply, content_type = answer
-        if status != 200:
-            return Response(reply, status_code=status, media_type=content_type, headers={"x-specgate-backend": backend.name})
-    return Response(status_code=200)
+            raise OpenAIError(
+                502, f"backend {backend.name} did not answer {path}", code="upstream_unreachable", type="server_error"
+            )
+    replies = [a for a in answers if not isinstance(a, BaseException)]
+    status, reply, content_type = next((r for r in replies if r[0] != 200), replies[0])
+    return Response(reply, status_code=status, media_type=content_type or None)

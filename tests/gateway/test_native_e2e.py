@@ -164,3 +164,11 @@ def test_a_single_stream_feeds_the_adaptive_fit_and_a_batch_does_not(rig: Rig) -
     assert observations() == before
     stream({"text": "a", "sampling_params": {"max_new_tokens": 30}})
     assert observations() == before + 1
+
+
+def test_flush_cache_and_sglang_info_aliases_pass_through(rig: Rig) -> None:
+    for method in ("POST", "GET"):
+        flushed = httpx.request(method, rig.gw.url + "/flush_cache", params={"timeout": 5}, timeout=10)
+        assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+    assert httpx.get(rig.gw.url + "/get_model_info").json() == httpx.get(rig.gw.url + "/model_info").json()
+    assert "internal_states" in httpx.get(rig.gw.url + "/get_server_info").json()
