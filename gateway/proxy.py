@@ -347,7 +347,7 @@ class ProxyResponse(Response):
             strip_usage=not job.client_wants_usage,
             idle_timeout=rt.settings.timeouts.idle,
             on_token=on_token,
-            on_gap=itl.observe,
+            on_gap=itl.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
             read=job.dialect.chunk_reader(),
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -7,6 +7,7 @@ module; every wait polls a condition with a deadline.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,27 @@ def test_flush_cache_and_sglang_info_aliases_pass_through(rig: Rig) -> None:
         assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
     assert httpx.get(rig.gw.url + "/get_model_info").json() == httpx.get(rig.gw.url + "/model_info").json()
     assert "internal_states" in httpx.get(rig.gw.url + "/get_server_info").json()
+
+
+@pytest.fixture
+def fresh_rig(sims: SimFactory, tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(sims, tmp_path, health="ready_interval = 0.2", timeouts="first_byte = 5.0\nidle = 5.0")
+    try:
+        yield r
+    finally:
+        r.gw.stop()
+
+
+def test_failover_before_the_first_byte_and_non_streaming_disconnect(fresh_rig: Rig) -> None:
+    rig = fresh_rig
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(rig.gw.url + "/generate", timeout=0.5, headers={"x-specgate-route": "eagle"}, content=orjson.dumps(
+            {"text": "a", "rid": "gone-native", "sampling_params": {"max_new_tokens": 5000, "ignore_eos": True}}
+        ))
+    eventually(lambda: rig.inflight() == 0, 2.0, "in-flight back to 0")
+    eventually(lambda: (rig.sim_request(rig.eagle, "gone-native") or {}).get("state") == "aborted", 2.0, "sim aborted it")
+    rig.eagle.signal(signal.SIGKILL)
+    rig.eagle.wait(5)
+    resp = post(rig, {"text": "a", "sampling_params": {"max_new_tokens": 3}})
+    assert resp.status_code == 200 and resp.headers["x-specgate-backend"] == "plain"  # retried after the refused connect
+    assert rig.status()["eagle"]["state"] == "down" and rig.inflight() == 0
