@@ -43,6 +43,14 @@ class NativeRequest:
         """Sequences the request runs upstream."""
         return self.prompts * self.samples
 
+    def upstream_rids(self, default: str) -> tuple[str, ...]:
+        """The ids SGLang knows the sequences by: the client's, else `default`; one id of a batch
+        becomes `id_0`, `id_1`, ... as SGLang expands it."""
+        rids = self.rids or (default,)
+        if self.batched and len(rids) == 1:
+            return tuple(f"{rids[0]}_{i}" for i in range(self.weight))
+        return rids
+
 
 def parse_native(body: Any) -> NativeRequest:
     """Check a decoded `/generate` body the way SGLang normalizes it; raise `NativeInputError` if it would not."""
@@ -94,7 +102,7 @@ def _id_prompts(ids: Any) -> tuple[int, bool]:
 
 
 def _token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _samples(params: Any, prompts: int) -> int:

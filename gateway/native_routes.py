@@ -77,7 +77,7 @@ async def generate(request: Request) -> Response:
         dialect=NATIVE,
         weight=native.weight,
     )
-    return _TrackedResponse(rt, job, native.rids or (job.request_id,))
+    return _TrackedResponse(rt, job, native.upstream_rids(job.request_id))
 
 
 def _ready(rt: Runtime) -> list[Backend]:

@@ -34,6 +34,7 @@ def test_weight_is_prompts_times_n(body: dict[str, Any], weight: int, batched: b
         {"sampling_params": {}},
         {"input_ids": []},
         {"input_ids": [[1], "x"]},
+        {"input_ids": [1, True]},
         {"text": []},
         {"text": "a", "stream": "yes"},
         {"text": ["a", "b"], "sampling_params": [{"n": 1}, {"n": 2}]},
@@ -52,6 +53,10 @@ def test_rids_and_stream() -> None:
     assert parse_native({"text": "a", "rid": "r1", "stream": True}).rids == ("r1",)
     assert parse_native({"text": ["a", "b"], "rid": ["x", "y"]}).rids == ("x", "y")
     assert parse_native({"text": "a"}).rids == () and not parse_native({"text": "a"}).stream
+    assert parse_native({"text": "a"}).upstream_rids("g") == ("g",)
+    assert parse_native({"text": ["a", "b"], "sampling_params": {"n": 2}}).upstream_rids("g") == ("g_0", "g_1", "g_2", "g_3")
+    assert parse_native({"text": ["a", "b"], "rid": ["x", "y"]}).upstream_rids("g") == ("x", "y")
+    assert parse_native({"text": "a", "rid": "r", "sampling_params": {"n": 2}}).upstream_rids("g") == ("r_0", "r_1")
 
 
 def test_max_tokens_and_upstream_body() -> None:

@@ -118,6 +118,17 @@ def test_abort_request_reaches_the_backend_holding_the_rid(rig: Rig) -> None:
     eventually(lambda: rig.inflight() == 0, 2.0, "in-flight back to 0")
 
 
+def test_abort_request_finds_one_sequence_of_a_batch(rig: Rig) -> None:
+    body = {"text": ["x", "y"], "stream": True, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    with httpx.stream("POST", rig.gw.url + "/generate", content=orjson.dumps(body), timeout=30) as resp:
+        rid = resp.headers["x-request-id"]
+        events = data_events(resp.iter_lines())
+        next(events)
+        assert post(rig, {"rid": f"{rid}_1"}, "/abort_request").status_code == 200
+        finished = {e["index"]: e["meta_info"]["finish_reason"]["type"] for e in events if e != "[DONE]" and e["meta_info"]["finish_reason"]}
+    assert finished == {0: "length", 1: "abort"}
+
+
 def test_abort_request_for_an_unknown_rid_goes_everywhere(rig: Rig) -> None:
     assert post(rig, {"rid": "nobody"}, "/abort_request").status_code == 200
     assert post(rig, {"rid": 3}, "/abort_request").status_code == 400
