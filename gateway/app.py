@@ -11,6 +11,7 @@ from gateway import __version__
 from gateway.auth import AuthMiddleware
 from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimitMiddleware
+from gateway.native_routes import router as native_router
 from gateway.ollama_routes import router as ollama_router
 from gateway.openai_routes import router as openai_router
 from gateway.ops_routes import router as ops_router
@@ -35,6 +36,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(responses_router)
     app.include_router(ollama_router)
+    app.include_router(native_router)
     app.include_router(ops_router)
     # Added last = outermost: the size limit and arrival stamp run before authentication.
     app.add_middleware(AuthMiddleware, security=runtime.settings.security)

@@ -1,7 +1,9 @@
 """API-key authentication as pure ASGI middleware (no per-request allocation beyond a header scan).
 
 Client keys gate every route but the probes (`/health`, `/ready`) and, unless configured otherwise,
-`/metrics`, as SGLang does. Admin routes take the admin key when one is set. Keys are compared in
+`/metrics`, as SGLang does. Admin routes take the admin key when one is set, and so do SGLang's
+own admin-optional routes the gateway relays (`/abort_request`, `/flush_cache`): a client key
+must not abort or flush other clients' work. Keys are compared in
 constant time and never logged or echoed.
 """
 
@@ -15,6 +17,7 @@ from gateway.config import SecurityConfig
 from gateway.errors import OpenAIError
 
 _PROBES = ("/health", "/ready")
+_SGLANG_ADMIN = ("/abort_request", "/flush_cache")
 
 
 class AuthMiddleware:
@@ -27,7 +30,7 @@ class AuthMiddleware:
         self._open = _PROBES + (("/metrics",) if security.metrics_public else ())
 
     def _keys_for(self, path: str) -> list[bytes]:
-        if path.startswith("/admin") and self._admin_key is not None:
+        if (path.startswith("/admin") or path in _SGLANG_ADMIN) and self._admin_key is not None:
             return [self._admin_key]
         return self._client_keys
 

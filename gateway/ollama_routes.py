@@ -18,10 +18,11 @@ from starlette.responses import Response
 
 from gateway.errors import OpenAIError
 from gateway.openai_routes import forced_route, runtime_of
-from gateway.proxy import ProxyJob, ProxyResponse
+from gateway.proxy import ProxyResponse
+from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
-from gateway.wire import OLLAMA
+from gateway.dialect import OLLAMA
 
 router = APIRouter()
 
@@ -44,7 +45,7 @@ async def _proxy(request: Request, stream: bool, endpoint: str, path: str) -> Re
         forced=forced_route(rt, request),
         request_id=uuid.uuid4().hex,
         arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
-        wire=OLLAMA,
+        dialect=OLLAMA,
     )
     return ProxyResponse(rt, job)
 

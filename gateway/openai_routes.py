@@ -11,7 +11,8 @@ from starlette.responses import Response
 
 from gateway.errors import OpenAIError
 from gateway.policy import MODE_EAGLE, MODE_PLAIN
-from gateway.proxy import ProxyJob, ProxyResponse
+from gateway.proxy import ProxyResponse
+from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 

@@ -106,12 +106,14 @@ async def _pass_through(request: Request, path: str, redact: Callable[[bytes], b
 
 
 @router.get("/server_info")
+@router.get("/get_server_info", include_in_schema=False)  # SGLang's deprecated alias, still used by its clients
 async def server_info(request: Request) -> Response:
     """SGLang's /server_info of the speculative backend, without the secrets SGLang puts in it."""
     return await _pass_through(request, "/server_info", redact_server_info)
 
 
 @router.get("/model_info")
+@router.get("/get_model_info", include_in_schema=False)  # used by sglang's RuntimeEndpoint
 async def model_info(request: Request) -> Response:
     """SGLang's /model_info."""
     return await _pass_through(request, "/model_info")

@@ -134,14 +134,18 @@ class Slot:
 
     `release()` is idempotent; `move_to` re-homes the hold before any byte was exchanged (failover);
     `mark_token` stamps each chunk carrying generated tokens, so `decode_window` can tell the
-    request's mean load, and counts it towards its backend's relayed chunks.
+    request's mean load, and counts it towards its backend's relayed chunks. A slot of `weight` w
+    (a batched native request: w sequences upstream) counts w in flight and w times the expected output.
     """
 
-    __slots__ = ("backend", "_pool", "_released", "acquired_at", "_first", "_last", "_max_tokens", "_expected", "_chunks")
+    __slots__ = (
+        "backend", "weight", "_pool", "_released", "acquired_at", "_first", "_last", "_max_tokens", "_expected", "_chunks"
+    )
 
-    def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None) -> None:
+    def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1) -> None:
         self._pool = pool
         self.backend = backend
+        self.weight = weight
         self._released = False
         self._max_tokens = max_tokens
         self._chunks = 0
@@ -160,25 +164,26 @@ class Slot:
         if self._released:
             return
         self._released = True
-        self._pool._release(self.backend)
+        self._pool._release(self.backend, self.weight)
         self.backend.expected_tokens -= self._expected
         self.backend.relayed_chunks -= self._chunks
 
     def _expect(self, backend: Backend) -> float:
         """Count this request's expected output on `backend`: its max_tokens, else the backend's mean length."""
-        expected = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
+        per_sequence = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
+        expected = per_sequence * self.weight
         backend.expected_tokens += expected
         return expected
 
     def move_to(self, name: str) -> None:
-        """Hold backend `name` instead: the old one's count drops by one, the new one's rises by one."""
+        """Hold backend `name` instead: the old one's count drops by the slot's weight, the new one's rises by it."""
         if self._released:
             raise RuntimeError("a released slot cannot move")
         if self._first is not None:
             raise RuntimeError("a slot cannot move once its response has started")
-        self._pool._release(self.backend)
+        self._pool._release(self.backend, self.weight)
         self.backend.expected_tokens -= self._expected
-        self.backend = self._pool._take(name)
+        self.backend = self._pool._take(name, self.weight)
         self._expected = self._expect(self.backend)
 
     def mark_token(self, now: float) -> None:
@@ -239,9 +244,10 @@ class Pool:
             )
         )
 
-    def acquire(self, name: str, max_tokens: int | None = None) -> Slot:
-        """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output, if any."""
-        return Slot(self, self._take(name), max_tokens)
+    def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
+        """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per
+        sequence), if any; `weight`: the sequences it runs upstream (1 but for batched native requests)."""
+        return Slot(self, self._take(name, weight), max_tokens, weight)
 
     def record_output(self, name: str, tokens: int) -> None:
         """A response of `tokens` output tokens finished on `name`: update its mean length (EWMA)."""
@@ -249,15 +255,15 @@ class Pool:
         mean = backend.mean_output_tokens
         backend.mean_output_tokens = float(tokens) if mean is None else mean + OUTPUT_EWMA * (tokens - mean)
 
-    def _take(self, name: str) -> Backend:
+    def _take(self, name: str, weight: int = 1) -> Backend:
         backend = self._backends[name]
-        backend._change(+1)
+        backend._change(+weight)
         backend.served += 1
         self._idle.clear()
         return backend
 
-    def _release(self, backend: Backend) -> None:
-        backend._change(-1)
+    def _release(self, backend: Backend, weight: int = 1) -> None:
+        backend._change(-weight)
         if self.total_inflight == 0:
             self._idle.set()
 

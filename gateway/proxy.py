@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -22,39 +20,17 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import OpenAIError, upstream_error
+from gateway.errors import OpenAIError
 from gateway.local_errors import local_kind
 from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
+from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
-from gateway.wire import OPENAI, Wire
 
 log = logging.getLogger("specgate.proxy")
 
 _CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a status label
 _UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
-
-
-@dataclass
-class ProxyJob:
-    """A validated generation request, ready to route."""
-
-    endpoint: str  # metric label: "chat", "completions", "responses", "ollama_chat", ...
-    path: str  # upstream path
-    body: dict[str, Any]  # the client's JSON, forwarded with `model` rewritten
-    stream: bool
-    client_wants_usage: bool
-    forced: str | None  # x-specgate-route, or the backend holding the response a follow-up names
-    request_id: str
-    arrived_at: float  # time.monotonic() when the request reached the gateway
-    wire: Wire = field(default=OPENAI)
-    prepare: Callable[[dict[str, Any], str], None] | None = None  # adjusts the body sent to a backend (by name)
-    on_accepted: Callable[[str], None] | None = None  # called with the backend's name once it answered 200
-
-    @property
-    def max_tokens(self) -> int | None:
-        """The client's limit on output tokens, when it gave one (the routing policy's expected length)."""
-        return self.wire.max_tokens(self.body)
 
 
 async def _client_gone(receive: Receive) -> None:
@@ -72,7 +48,7 @@ def _headers(backend: str, request_id: str, content_type: bytes, extra: list[tup
 
 
 class ProxyResponse(Response):
-    """Routes, proxies and relays one chat/completions request."""
+    """Routes, proxies and relays one generation request (chat, completions or native /generate)."""
 
     def __init__(self, runtime: Runtime, job: ProxyJob) -> None:
         super().__init__()
@@ -105,10 +81,15 @@ class ProxyResponse(Response):
         """The gateway stopped before the response ended: say so rather than cut the connection."""
         err = OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
         if self._streaming:
-            await send({"type": "http.response.body", "body": self._job.wire.stream_error(err), "more_body": False})
+            await send({"type": "http.response.body", "body": self._job.dialect.stream_error(err), "more_body": False})
         elif self._status == _CLIENT_GONE:  # nothing sent yet
             self._status = "503"
             await self._send_error(send, err)
+
+    @property
+    def routed_to(self) -> str | None:
+        """The backend holding this request's slot; None before routing."""
+        return None if self._slot is None else self._slot.backend.name
 
     @property
     def _backend(self) -> Backend:
@@ -151,7 +132,8 @@ class ProxyResponse(Response):
         if rt.draining:
             raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
         inflight = rt.pool.total_inflight
-        if inflight >= rt.inflight_limit:
+        # A batch wider than the whole limit still runs alone rather than never.
+        if inflight >= rt.inflight_limit or (inflight and inflight + job.weight > rt.inflight_limit):
             if inflight >= rt.budget.capacity:
                 rt.metrics.local_errors.labels("inflight_capacity").inc()
             raise OpenAIError(
@@ -171,7 +153,7 @@ class ProxyResponse(Response):
         if decision is None:
             target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
             raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
-        self._slot = rt.pool.acquire(decision.backend, job.max_tokens)
+        self._slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight)
         self._placed(snapshot, decision)
 
     def _fail_over(self, failed: str) -> bool:
@@ -199,16 +181,15 @@ class ProxyResponse(Response):
 
     def _encode(self, backend: Backend) -> bytes:
         job = self._job
-        body = dict(job.body)
-        if backend.served_model_name:
-            body["model"] = backend.served_model_name
+        body = job.dialect.upstream_body(
+            job.body,
+            served_model=backend.served_model_name,
+            stream=job.stream,
+            client_wants_usage=job.client_wants_usage,
+            request_id=job.request_id,
+        )
         if job.prepare is not None:
             job.prepare(body, backend.name)
-        if job.stream and not job.client_wants_usage and job.wire.openai_extras:
-            # Token counts come from usage; the extra chunk is stripped from what the client sees.
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        if job.wire.openai_extras and "rid" not in body and body.get("n") in (None, 1):
-            body["rid"] = job.request_id  # lets SGLang's /abort_request and logs name this request
         try:
             return orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # parsed fine, but e.g. nested deeper than orjson's 255 levels
@@ -284,7 +265,7 @@ class ProxyResponse(Response):
             payload = b""
         if resp.status >= 500:
             self._rt.metrics.upstream_errors.labels(name, f"http_{resp.status}").inc()
-        err = upstream_error(resp.status, payload)
+        err = self._job.dialect.upstream_error(resp.status, payload)
         self._status = str(err.status)
         await self._send_error(send, err)
 
@@ -303,8 +284,8 @@ class ProxyResponse(Response):
             return
         handled_at = time.monotonic()
         try:
-            usage = self._job.wire.usage(orjson.loads(payload))
-        except (orjson.JSONDecodeError, AttributeError):
+            usage = self._job.dialect.usage(orjson.loads(payload))
+        except (ValueError, AttributeError, TypeError):  # orjson.JSONDecodeError is a ValueError
             rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
             await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
             return
@@ -335,20 +316,20 @@ class ProxyResponse(Response):
                 "headers": _headers(
                     backend.name,
                     job.request_id,
-                    job.wire.stream_content_type,
+                    job.dialect.stream_content_type,
                     [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
                 ),
             }
         )
         self._status = "200"
         self._streaming = True
-        result = await job.wire.relay(
+        result = await job.dialect.relay(
             resp,
             send,
             strip_usage=not job.client_wants_usage,
             idle_timeout=rt.settings.timeouts.idle,
             on_token=on_token,
-            on_gap=itl.observe,
+            on_gap=itl.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if result.error_kind is not None:
@@ -359,7 +340,8 @@ class ProxyResponse(Response):
         self._count_usage(backend.name, result.usage)
         tokens = int((result.usage or {}).get("completion_tokens") or 0)
         window = slot.decode_window()
-        if tokens >= 2 and window is not None and result.first_token_at is not None:
+        # A batch's chunks interleave several sequences: its pace says nothing about one sequence's.
+        if tokens >= 2 and window is not None and result.first_token_at is not None and slot.weight == 1:
             rt.policy.observe(
                 Completion(
                     backend=backend.name,

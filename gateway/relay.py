@@ -52,6 +52,14 @@ def _carries_tokens(chunk: dict[str, Any]) -> bool:
     )
 
 
+def read_openai_chunk(chunk: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+    """A chat/completions chunk's usage (None if it has none) and whether it carries generated tokens."""
+    return chunk.get("usage"), _carries_tokens(chunk)
+
+
+ChunkReader = Callable[[dict[str, Any]], tuple[dict[str, Any] | None, bool]]
+
+
 def _data_payload(event: bytes) -> bytes | None:
     """The payload of a single-line `data:` event, or None for comments and other fields."""
     if not event.startswith(b"data:"):
@@ -67,6 +75,7 @@ async def relay_stream(
     idle_timeout: float,
     on_token: Callable[[float, bool], None],
     on_gap: Callable[[float], None],
+    read: ChunkReader = read_openai_chunk,
 ) -> StreamResult:
     """Relay every event of `resp` to `send` until [DONE], an error or EOF.
 
@@ -74,6 +83,7 @@ async def relay_stream(
     event followed by [DONE], never a hang or a silent truncation. Does not send the final empty
     body message; the caller does, after its bookkeeping. `on_token(now, first)` is called for each
     event that carries generated tokens, `on_gap(seconds)` with the time since the previous one.
+    `read` tells an event's usage so far and whether it carries tokens (the API's chunk format).
     """
     result = StreamResult()
     reader = resp.content
@@ -112,12 +122,12 @@ async def relay_stream(
             result.error_kind = "stream_error"
             await send({"type": "http.response.body", "body": event, "more_body": True})
             continue
-        usage = chunk.get("usage")
+        usage, carries_tokens = read(chunk)
         if usage:
             result.usage = usage
             if not chunk.get("choices") and strip_usage:
                 continue  # the usage chunk we asked for on the client's behalf
-        if _carries_tokens(chunk):
+        if carries_tokens:
             now = time.monotonic()
             first = result.first_token_at is None
             if first:

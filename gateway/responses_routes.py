@@ -21,11 +21,12 @@ from starlette.responses import Response
 
 from gateway.errors import OpenAIError, upstream_error
 from gateway.openai_routes import check_model, forced_route, runtime_of
-from gateway.proxy import ProxyJob, ProxyResponse
+from gateway.proxy import ProxyResponse
+from gateway.proxy_job import ProxyJob
 from gateway.response_homes import ResponseHomes, response_id_for
 from gateway.runtime import Runtime
 from gateway.schemas import ResponsesRequest
-from gateway.wire import RESPONSES
+from gateway.dialect import RESPONSES
 
 router = APIRouter()
 
@@ -67,7 +68,7 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         forced=forced,
         request_id=uuid.uuid4().hex,
         arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
-        wire=RESPONSES,
+        dialect=RESPONSES,
         prepare=ids.prepare,
         on_accepted=ids.accepted if body.store is not False else None,
     )

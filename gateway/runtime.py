@@ -13,12 +13,13 @@ from gateway.config import BackendConfig, Settings
 from gateway.fdbudget import DescriptorBudget, current_budget
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
+from gateway.native import RidTable
 from gateway.policy import Policy
 from gateway.pool import Backend, Pool
 from gateway.response_homes import ResponseHomes
 from gateway.upstream import UpstreamClient
 
-ENDPOINTS = ("chat", "completions", "responses", "ollama_chat", "ollama_generate")
+ENDPOINTS = ("chat", "completions", "generate", "responses", "ollama_chat", "ollama_generate")
 
 
 class Runtime:
@@ -58,6 +59,7 @@ class Runtime:
         self.draining = False
         self.response_homes = ResponseHomes()  # which backend holds each stored Responses API response
         self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
+        self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)
         metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))

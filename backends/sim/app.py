@@ -18,6 +18,7 @@ from backends.sim.endpoint import Endpoint
 from backends.sim.engine import RequestError
 from backends.sim.faults import FAULT_ADAPTER, CrashFault, FaultSpec, describe_error
 from backends.sim.middleware import ApiKeyMiddleware, HangMiddleware, HttpMetricsMiddleware
+from backends.sim.native_routes import install_native_routes
 from backends.sim.ollama import add_ollama_routes
 from backends.sim.protocol import (
     AbortRequest,
@@ -85,6 +86,7 @@ def create_app(ep: Endpoint) -> FastAPI:
 
     add_responses_routes(app, ep, ResponseStore(ep.settings.enable_response_store))
     add_ollama_routes(app, ep)
+    install_native_routes(app, ep)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -130,8 +130,10 @@ def test_killed_backend_is_routed_around_and_no_request_fails(rig: Rig) -> None:
     assert backends == ["plain"] * 5  # the first is retried on plain after the refused connect
     assert rig.status()["eagle"]["state"] == "down"
     metrics = httpx.get(rig.gw.url + "/metrics").text
-    assert 'specgate_upstream_errors_total{backend="eagle",kind="connect"} 1.0' in metrics
-    assert 'reason="failover_retry"' in metrics
+    # Either the first request met the refused connect and failed over, or (on a loaded machine)
+    # the health check saw the kill first and routing never tried eagle: no error, no retry.
+    retried = 'reason="failover_retry"' in metrics
+    assert retried == ('specgate_upstream_errors_total{backend="eagle",kind="connect"} 1.0' in metrics)
     assert rig.inflight() == 0
 
 

@@ -129,6 +129,27 @@ async def test_max_inflight_is_429_with_retry_after() -> None:
     assert rt.pool.total_inflight == 0
 
 
+async def test_a_batch_needs_room_for_all_its_sequences() -> None:
+    rt = make_runtime(limits={"max_inflight": 4})
+    for backend in rt.pool:
+        backend.health = Health.READY
+    slot = rt.pool.acquire("plain")
+    batch = {"text": ["a", "b"], "sampling_params": {"n": 2}}  # four sequences; only three fit
+    for upstream in rt.upstreams.values():
+        await upstream.start()
+    try:
+        async with await client_for(rt) as client:
+            assert_openai_error(await client.post("/generate", json=batch), 429)
+            slot.release()
+            # Alone, even a batch wider than the limit is admitted (here: to a backend that is not there).
+            wide = await client.post("/generate", json={"text": ["a"] * 6})
+    finally:
+        for upstream in rt.upstreams.values():
+            await upstream.close()
+    assert_openai_error(wide, 502)
+    assert rt.pool.total_inflight == 0
+
+
 async def test_api_keys_guard_everything_but_probes_and_metrics() -> None:
     rt = make_runtime(security={"api_keys": ["k-one", "k-two"], "admin_api_key": "adm"})
     async with await client_for(rt) as client:
@@ -140,6 +161,10 @@ async def test_api_keys_guard_everything_but_probes_and_metrics() -> None:
         assert (await client.get("/health")).status_code == 503  # open, just not healthy
         assert_openai_error(await client.get("/admin/status", headers={"authorization": "Bearer k-one"}), 401)
         assert (await client.get("/admin/status", headers={"authorization": "Bearer adm"})).status_code == 200
+        for path in ("/abort_request", "/flush_cache"):  # SGLang's admin-optional routes
+            assert_openai_error(await client.post(path, json={}, headers={"authorization": "Bearer k-one"}), 401)
+            assert (await client.post(path, json={}, headers={"authorization": "Bearer adm"})).status_code == 503
+        assert (await client.post("/generate", json={"text": "a"}, headers={"authorization": "Bearer k-one"})).status_code == 503
 
 
 async def test_metrics_can_require_a_key() -> None:

@@ -23,7 +23,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.policies import ThresholdPolicy
 from gateway.policy import Completion, Decision
 from gateway.pool import Health, PoolSnapshot
-from gateway.proxy import ProxyJob, ProxyResponse
+from gateway.proxy import ProxyResponse
+from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
