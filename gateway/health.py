@@ -3,7 +3,8 @@
 SGLang's `/ready` is cheap (no GPU work), so it is polled every second; `/health` runs a one-token
 generation and takes at least a second, so it is polled rarely, and always for a backend that timed
 out on real traffic (a hung server can still answer `/ready`). Requests that fail to connect
-report it here at once, so routing does not wait for the next poll.
+report it here at once, so routing does not wait for the next poll. Each poll of a ready backend
+also fetches its own `/v1/loads` (`Backend.engine_load`), which the node's `/v1/loads` sums.
 
 The rule for taking a backend out is evidence about the backend: a probe that cannot connect, a
 refused or reset connection on real traffic that a probe run at once confirms, or
@@ -20,9 +21,10 @@ import logging
 import aiohttp
 
 from gateway.config import HealthConfig
+from gateway.engine_load import EngineLoad, parse_engine_load
 from gateway.local_errors import local_kind
 from gateway.pool import Backend, Health, Pool
-from gateway.upstream import UpstreamClient
+from gateway.upstream import UpstreamClient, UpstreamStatusError
 
 log = logging.getLogger("specgate.health")
 
@@ -107,6 +109,7 @@ class HealthChecker:
                 next_health = loop.time() + self._config.health_interval
             else:
                 await self._probe(backend, "/ready", self._config.ready_timeout)
+            backend.engine_load = await self._engine_load(backend) if backend.available else None
             wake.clear()
             try:
                 await asyncio.wait_for(wake.wait(), self._config.ready_interval)
@@ -136,6 +139,15 @@ class HealthChecker:
         if backend.model_card is None and not await self._discover(backend, upstream):
             return
         self.set_state(backend, Health.READY)
+
+    async def _engine_load(self, backend: Backend) -> EngineLoad | None:
+        """The backend's own /v1/loads; None when it serves none (an older SGLang) or did not answer."""
+        try:
+            body = await self._upstreams[backend.name].get_json("/v1/loads", self._config.ready_timeout)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, UpstreamStatusError) as exc:
+            log.debug("backend %s: no /v1/loads (%s)", backend.name, type(exc).__name__)
+            return None
+        return parse_engine_load(body)
 
     async def _discover(self, backend: Backend, upstream: UpstreamClient) -> bool:
         """Learn the served model name and card from /v1/models before the first request."""
