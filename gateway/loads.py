@@ -45,16 +45,17 @@ def _section(ranks: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]
 
 
 def node_entry(pool: Pool, include: set[str] | None) -> dict[str, Any]:
-    """The node's one `loads[]` entry: every backend summed, request counts from the gateway's own.
+    """The node's one `loads[]` entry: every backend summed, running requests from the gateway's own.
 
-    `num_running_reqs + num_waiting_reqs` is the gateway's exact in-flight count; the engines'
-    waiting count (fetched once a poll, so it can lag) only decides how much of it is queued.
+    The queue is the engines' (fetched once a poll): it may hold requests that reached the backends
+    past the gateway. Running is the rest of the gateway's exact in-flight count, so while the
+    gateway is the backends' only client, running + waiting is that count.
     """
     ranks = [rank for b in pool if b.engine_load is not None for rank in b.engine_load.ranks]
     sums = {key: sum(as_int(r.get(key)) for r in ranks) for key in _SUMMED}
     inflight = pool.total_inflight
-    waiting = min(sum(as_int(r.get("num_waiting_reqs")) for r in ranks), inflight)
-    running = inflight - waiting
+    waiting = sum(as_int(r.get("num_waiting_reqs")) for r in ranks)
+    running = max(inflight - waiting, 0)
     capacity, slots = sums["max_total_num_tokens"], sums["max_running_requests"]
     hit_rates = [as_float(r.get("cache_hit_rate")) for r in ranks]
     entry: dict[str, Any] = {
