@@ -24,13 +24,16 @@ from gateway.engine_load import as_float, as_int
 from gateway.pool import Pool
 
 SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
-# Core counters that add up across backends (SGLang reports them as integers).
-_SUMMED = (
+# Core counters that add up across backends (SGLang reports them as integers), in SGLang's order.
+_TOKEN_COUNTS = (
     "num_waiting_uncached_tokens",
     "num_used_tokens",
     "num_total_tokens",
     "num_active_tokens",
     "num_prealloc_ready_tokens",
+)
+_SUMMED = (
+    *_TOKEN_COUNTS,
     "max_total_num_tokens",
     "max_running_requests",
     "total_prefill_uncached_tokens",
@@ -63,7 +66,7 @@ def node_entry(pool: Pool, include: set[str] | None) -> dict[str, Any]:
         "dp_rank": 0,
         "num_running_reqs": running,
         "num_waiting_reqs": waiting,
-        **{key: sums[key] for key in _SUMMED[:5]},
+        **{key: sums[key] for key in _TOKEN_COUNTS},
         "max_total_num_tokens": capacity,
         "max_running_requests": slots,
         "token_usage": round(sums["num_used_tokens"] / capacity, 4) if capacity else 0.0,
