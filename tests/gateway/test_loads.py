@@ -7,6 +7,7 @@ from typing import Any
 from gateway.engine_load import EngineLoad, parse_engine_load
 from gateway.loads import loads_prometheus, node_loads
 from gateway.pool import Backend, Pool
+from tests.gateway.test_edge import assert_openai_error, client_for, make_runtime
 
 
 def engine(waiting: int, used: int, capacity: int, throughput: float, *, spec: float | None = None) -> EngineLoad:
@@ -111,3 +112,18 @@ def test_prometheus_format_names_gauges_as_sglang_does() -> None:
     assert 'sglang_spec_accept_length{dp_rank="0"} 2.0' in text
     assert 'sglang_disagg_prefill_bootstrap_queue_reqs{dp_rank="0"} 0' in text
     assert "sglang_decode_moments" not in text and "mode" not in text
+
+
+async def test_the_route_answers_sglangs_shape_and_refuses_unknown_sections_as_openai_errors() -> None:
+    rt = make_runtime(security={"api_keys": ["k"]})
+    rt.pool.acquire("plain")
+    async with await client_for(rt) as client:
+        assert_openai_error(await client.get("/v1/loads"), 401)  # as SGLang: the key is needed
+        key = {"authorization": "Bearer k"}
+        body = (await client.get("/v1/loads", params={"include": "core,disagg,queues,memory"}, headers=key)).json()
+        assert set(body) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+        assert body["loads"][0]["num_running_reqs"] == 1
+        bad = await client.get("/v1/loads", params={"include": "core,gpu"}, headers=key)
+        assert "gpu" in assert_openai_error(bad, 400, param="include")["message"]
+        text = (await client.get("/v1/loads", params={"format": "prometheus"}, headers=key)).text
+        assert 'sglang_num_running_reqs{dp_rank="0"} 1' in text
