@@ -32,7 +32,7 @@ PROMPT_TOKENS = 4000
 
 @dataclass
 class Cluster:
-    """SMG at `smg` in front of nodes `a` and `b` (b's servers each run at most 2 requests)."""
+    """SMG at `smg` in front of nodes `a` and `b` (b's servers each run one request at a time)."""
 
     smg: str
     smg_child: Child
@@ -50,15 +50,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("smg")
     b_port = free_loopback_port()
     b_config = node_config(tmp, "b", max_running=1)
-    a = start_node(node_config(tmp, "a"))
-    b = start_node(b_config, b_port)
-    child, url = start_smg(executable, [a.url, b.url], tmp / "smg.log")
-    stack = Cluster(url, child, a, b, b_config, b_port)
+    started: list[GatewayProcess] = []
+    child: Child | None = None
+    cluster: Cluster | None = None
     try:
-        yield stack
+        started.append(start_node(node_config(tmp, "a")))
+        started.append(start_node(b_config, b_port))
+        child, url = start_smg(executable, [node.url for node in started], tmp / "smg.log")
+        cluster = Cluster(url, child, started[0], started[1], b_config, b_port)
+        yield cluster
     finally:
-        child.stop_blocking(grace=10)
-        for node in (stack.a, stack.b):
+        if child is not None:
+            child.stop_blocking(grace=10)
+        restarted = [cluster.b] if cluster is not None and cluster.b is not started[-1] else []
+        for node in [*started, *restarted]:
             node.stop()
 
 
