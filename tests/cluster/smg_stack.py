@@ -66,7 +66,8 @@ def start_smg(executable: str, workers: list[str], log: Path) -> tuple[Child, st
     it sends counts as `--least-load-mean-prefill-tokens` tokens of work until the next poll;
     these tests' prompts are a few tokens, so that estimate is set near them. SMG's other guards
     that take a busy worker out of routing (a queue 8 deep, a worker slow to make progress) are
-    off, so the split measured is the policy's own. Health checks run every second so a dead node
+    off, so the split measured is the policy's own. Health checks run every second on /ready (as in
+    deploy/k8s/smg.yaml) so a dead node
     is seen quickly; unhealthy workers stay registered (no service discovery re-adds them), so a
     node that returns is probed back in.
     """
@@ -75,7 +76,7 @@ def start_smg(executable: str, workers: list[str], log: Path) -> tuple[Child, st
         executable, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
         "--policy", "power_of_two", "--power-of-two-load-metric", "expected_wait",
         "--load-monitor-interval", "1", "--least-load-mean-prefill-tokens", "16",
-        "--health-check-interval-secs", "1", "--health-check-timeout-secs", "5",
+        "--health-check-endpoint", "/ready", "--health-check-interval-secs", "1", "--health-check-timeout-secs", "5",
         "--health-failure-threshold", "2", "--health-success-threshold", "1",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
         "--worker-wedge-secs", "600", "--disable-worker-overload-protection",

@@ -26,7 +26,7 @@ from tests.cluster.smg_stack import Traffic, busy, node_config, smg_executable, 
 
 pytestmark = [pytest.mark.smg, pytest.mark.timeout(420)]
 
-BUSY_STREAMS = 4  # per server of the busy node: 1 runs, 3 wait (below SMG's overload mark of 8 per node)
+BUSY_STREAMS = 4  # per server of the busy node: 1 runs, 3 wait
 PROMPT_TOKENS = 4000
 
 
