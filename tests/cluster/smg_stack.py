@@ -67,9 +67,8 @@ def start_smg(executable: str, workers: list[str], log: Path) -> tuple[Child, st
     these tests' prompts are a few tokens, so that estimate is set near them. SMG's other guards
     that take a busy worker out of routing (a queue 8 deep, a worker slow to make progress) are
     off, so the split measured is the policy's own. Health checks run every second on /ready (as in
-    deploy/k8s/smg.yaml) so a dead node
-    is seen quickly; unhealthy workers stay registered (no service discovery re-adds them), so a
-    node that returns is probed back in.
+    deploy/k8s/smg.yaml) so a dead node is seen quickly; unhealthy workers stay registered (no
+    service discovery re-adds them), so a node that returns is probed back in.
     """
     port, metrics_port = free_loopback_port(), free_loopback_port()
     argv = [
