@@ -3,8 +3,9 @@
 SGLang's `/ready` is cheap (no GPU work), so it is polled every second; `/health` runs a one-token
 generation and takes at least a second, so it is polled rarely, and always for a backend that timed
 out on real traffic (a hung server can still answer `/ready`). Requests that fail to connect
-report it here at once, so routing does not wait for the next poll. Each poll of a ready backend
-also fetches its own `/v1/loads` (`Backend.engine_load`), which the node's `/v1/loads` sums.
+report it here at once, so routing does not wait for the next poll. Beside the probes, a ready
+backend's own `/v1/loads` is fetched at the same cadence into `Backend.engine_load` (dropped when
+it leaves READY), which the node's `/v1/loads` sums; a slow answer there never delays a probe.
 
 The rule for taking a backend out is evidence about the backend: a probe that cannot connect, a
 refused or reset connection on real traffic that a probe run at once confirms, or
@@ -46,6 +47,7 @@ class HealthChecker:
         """Start one polling task per backend."""
         for backend in self._pool:
             self._tasks.append(asyncio.create_task(self._watch(backend), name=f"health-{backend.name}"))
+            self._tasks.append(asyncio.create_task(self._watch_load(backend), name=f"load-{backend.name}"))
 
     async def stop(self) -> None:
         """Stop polling."""
@@ -63,6 +65,8 @@ class HealthChecker:
                 self._failures[backend.name] = 0
             log.info("backend %s: %s -> %s%s", backend.name, backend.health.value, health.value, f" ({detail})" if detail else "")
             backend.health = health
+            if health is not Health.READY:
+                backend.engine_load = None  # figures of a backend out of routing are stale
         backend.health_detail = detail
 
     def report_unreachable(self, name: str, detail: str) -> None:
@@ -109,7 +113,6 @@ class HealthChecker:
                 next_health = loop.time() + self._config.health_interval
             else:
                 await self._probe(backend, "/ready", self._config.ready_timeout)
-            backend.engine_load = await self._engine_load(backend) if backend.available else None
             wake.clear()
             try:
                 await asyncio.wait_for(wake.wait(), self._config.ready_interval)
@@ -139,6 +142,14 @@ class HealthChecker:
         if backend.model_card is None and not await self._discover(backend, upstream):
             return
         self.set_state(backend, Health.READY)
+
+    async def _watch_load(self, backend: Backend) -> None:
+        """Keep a ready backend's own /v1/loads, fetched every `ready_interval`."""
+        while True:
+            if backend.available:
+                load = await self._engine_load(backend)
+                backend.engine_load = load if backend.available else None
+            await asyncio.sleep(self._config.ready_interval)
 
     async def _engine_load(self, backend: Backend) -> EngineLoad | None:
         """The backend's own /v1/loads; None when it serves none (an older SGLang) or did not answer."""

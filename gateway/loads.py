@@ -8,7 +8,7 @@ ranks the node does not have.
 
 Request counts come from the gateway's own exact in-flight counts; what only the engines know
 (queued requests and tokens, KV usage, throughput, memory) comes from each backend's own
-`/v1/loads`, which the health checker fetches once per poll (`Backend.engine_load`), so a router
+`/v1/loads`, which the health checker fetches every `health.ready_interval` (`Backend.engine_load`), so a router
 polling often costs the backends nothing extra.
 """
 
