@@ -3,7 +3,9 @@
 SGLang's `/ready` is cheap (no GPU work), so it is polled every second; `/health` runs a one-token
 generation and takes at least a second, so it is polled rarely, and always for a backend that timed
 out on real traffic (a hung server can still answer `/ready`). Requests that fail to connect
-report it here at once, so routing does not wait for the next poll.
+report it here at once, so routing does not wait for the next poll. Beside the probes, a ready
+backend's own `/v1/loads` is fetched at the same cadence into `Backend.engine_load` (dropped when
+it leaves READY), which the node's `/v1/loads` sums; a slow answer there never delays a probe.
 
 The rule for taking a backend out is evidence about the backend: a probe that cannot connect, a
 refused or reset connection on real traffic that a probe run at once confirms, or
@@ -20,9 +22,10 @@ import logging
 import aiohttp
 
 from gateway.config import HealthConfig
+from gateway.engine_load import EngineLoad, parse_engine_load
 from gateway.local_errors import local_kind
 from gateway.pool import Backend, Health, Pool
-from gateway.upstream import UpstreamClient
+from gateway.upstream import UpstreamClient, UpstreamStatusError
 
 log = logging.getLogger("specgate.health")
 
@@ -44,6 +47,7 @@ class HealthChecker:
         """Start one polling task per backend."""
         for backend in self._pool:
             self._tasks.append(asyncio.create_task(self._watch(backend), name=f"health-{backend.name}"))
+            self._tasks.append(asyncio.create_task(self._watch_load(backend), name=f"load-{backend.name}"))
 
     async def stop(self) -> None:
         """Stop polling."""
@@ -61,6 +65,8 @@ class HealthChecker:
                 self._failures[backend.name] = 0
             log.info("backend %s: %s -> %s%s", backend.name, backend.health.value, health.value, f" ({detail})" if detail else "")
             backend.health = health
+            if health is not Health.READY:
+                backend.engine_load = None  # figures of a backend out of routing are stale
         backend.health_detail = detail
 
     def report_unreachable(self, name: str, detail: str) -> None:
@@ -136,6 +142,23 @@ class HealthChecker:
         if backend.model_card is None and not await self._discover(backend, upstream):
             return
         self.set_state(backend, Health.READY)
+
+    async def _watch_load(self, backend: Backend) -> None:
+        """Keep a ready backend's own /v1/loads, fetched every `ready_interval`."""
+        while True:
+            if backend.available:
+                load = await self._engine_load(backend)
+                backend.engine_load = load if backend.available else None
+            await asyncio.sleep(self._config.ready_interval)
+
+    async def _engine_load(self, backend: Backend) -> EngineLoad | None:
+        """The backend's own /v1/loads; None when it serves none (an older SGLang) or did not answer."""
+        try:
+            body = await self._upstreams[backend.name].get_json("/v1/loads", self._config.ready_timeout)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, UpstreamStatusError) as exc:
+            log.debug("backend %s: no /v1/loads (%s)", backend.name, type(exc).__name__)
+            return None
+        return parse_engine_load(body)
 
     async def _discover(self, backend: Backend, upstream: UpstreamClient) -> bool:
         """Learn the served model name and card from /v1/models before the first request."""

@@ -1,4 +1,4 @@
-"""Operational routes: probes, Prometheus metrics, admin status, and SGLang info pass-through."""
+"""Operational routes: probes, Prometheus metrics, admin status, the node's /v1/loads, and SGLang info pass-through."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import OpenAIError
+from gateway.loads import SECTIONS, loads_prometheus, node_loads
 from gateway.openai_routes import runtime_of
 from gateway.pool import Pool
 from gateway.redact import redact_server_info
@@ -46,6 +47,19 @@ async def ready(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     return Response(runtime_of(request).metrics.exposition(), media_type=_PROMETHEUS_TEXT)
+
+
+@router.get("/v1/loads")
+async def v1_loads(request: Request, dp_rank: int | None = None, include: str | None = None, format: str | None = None) -> Response:
+    """SGLang's load report for the whole node (one rank), for a cluster router such as SMG."""
+    sections = {s.strip() for s in include.split(",")} if include else None
+    if sections is not None and not sections <= SECTIONS:
+        unknown = ", ".join(sorted(sections - SECTIONS))
+        raise OpenAIError(400, f"invalid include sections: {unknown}; valid: {', '.join(sorted(SECTIONS))}", param="include")
+    body = node_loads(runtime_of(request).pool, sections, dp_rank)
+    if format == "prometheus":
+        return Response(loads_prometheus(body), media_type=_PROMETHEUS_TEXT)
+    return JSONResponse(body)
 
 
 @router.get("/admin/status")

@@ -19,6 +19,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from gateway.engine_load import EngineLoad
+
 OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
 
 
@@ -107,6 +109,7 @@ class Backend:
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
     mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
+    engine_load: EngineLoad | None = None  # its own /v1/loads at the last poll; None while not ready
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
     _load_since: float = field(default_factory=time.monotonic)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -115,6 +116,7 @@ def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
     running, used = len(engine.running), engine.used_tokens()
     capacity = table.max_total_tokens
     entry: dict[str, Any] = {
+        "timestamp": time.time(),
         "dp_rank": 0,
         "num_running_reqs": running,
         "num_waiting_reqs": len(engine.waiting),
@@ -131,6 +133,7 @@ def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
         "utilization": running / table.max_running_requests,
         "total_prefill_uncached_tokens": engine.prefill_tokens_total,
         "total_prefill_busy_us": int(engine.prefill_busy_seconds * 1e6 * ep.settings.time_scale),
+        "decode_moments": None,  # SGLang's decode step-time moment sums; the sim does not keep them
     }
     sections = include or {"all"}
     every = "all" in sections
@@ -139,6 +142,17 @@ def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
     if table.speculative and (every or "spec" in sections):
         accept = engine.accept_length()
         entry["speculative"] = {"accept_length": accept, "accept_rate": (accept - 1.0) / (table.num_draft_tokens - 1)}
+    if every or "disagg" in sections:  # SGLang reports it on every server; "null" outside PD disaggregation
+        entry["disaggregation"] = {
+            "mode": "null",
+            "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": 0,
+            "decode_transfer_queue_reqs": 0,
+            "decode_retracted_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": 0.0,
+            "kv_transfer_latency_ms": 0.0,
+        }
     if every or "queues" in sections:
         entry["queues"] = {
             "waiting": len(engine.waiting),
@@ -165,7 +179,7 @@ def loads_prometheus(ep: Endpoint, include: set[str] | None, dp_rank: int | None
     """`GET /v1/loads?format=prometheus`: every number as a gauge `sglang_<key>{dp_rank="0"}`."""
     if dp_rank not in (None, 0):
         return "\n"
-    prefixes = {"speculative": "spec"}
+    prefixes = {"speculative": "spec", "disaggregation": "disagg"}
     lines: list[str] = []
     for key, value in load_entry(ep, include).items():
         if key == "dp_rank":

@@ -19,7 +19,15 @@ from tests.deploy.tools import find_tool, run_tool
 
 K8S = "deploy/k8s"
 # Resources whose schema kubernetes-validate ships (the ServiceMonitor is a CRD: see the reference checks).
-CORE_MANIFESTS = ["namespace.yaml", "models-pvc.yaml", "deployment.yaml", "service.yaml", "poddisruptionbudget.yaml"]
+CORE_MANIFESTS = [
+    "namespace.yaml",
+    "models-pvc.yaml",
+    "deployment.yaml",
+    "service.yaml",
+    "poddisruptionbudget.yaml",
+    "smg-rbac.yaml",
+    "smg.yaml",
+]
 
 
 def _manifests(k8s_dir: Path) -> list[dict[str, Any]]:
@@ -45,7 +53,7 @@ def test_references_resolve(repo: Path) -> None:
 
 
 def test_one_pod_per_8_gpu_node_with_probes_on_the_gateway(repo: Path) -> None:
-    deployment = _one(_manifests(repo / K8S), "Deployment")
+    deployment = _one(_manifests(repo / K8S), "Deployment", "specgate")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["resources"]["requests"]["nvidia.com/gpu"] == 8
@@ -68,7 +76,7 @@ def test_configmap_config_is_valid_and_matches_the_pod_ports(repo: Path) -> None
     assert plan.warnings == ()
     assert settings.security.metrics_public  # the liveness probe and ServiceMonitor read /metrics without a key
     resources = _manifests(repo / K8S)
-    (container,) = _one(resources, "Deployment")["spec"]["template"]["spec"]["containers"]
+    (container,) = _one(resources, "Deployment", "specgate")["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {
         "http": settings.server.port,

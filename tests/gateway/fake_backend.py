@@ -41,6 +41,7 @@ class FakeBackend:
     token_gap: float = 0.01
     ready_status: int = 200
     health_status: int = 200
+    loads: dict[str, object] | None = None  # its /v1/loads body; None answers 404, as an older SGLang
     posts: int = 0
     gets: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -75,12 +76,14 @@ class FakeBackend:
             return web.Response(status=self.ready_status)
         if request.path == "/health":
             return web.Response(status=self.health_status)
+        if request.path == "/v1/loads":
+            return web.json_response(self.loads) if self.loads is not None else web.Response(status=404)
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        for path in ("/ready", "/health", "/v1/models"):
+        for path in ("/ready", "/health", "/v1/models", "/v1/loads"):
             app.router.add_get(path, self._get)
         return app
 

@@ -135,3 +135,20 @@ async def test_a_probe_the_gateway_could_not_send_changes_nothing() -> None:
     backend, checker, _ = _idle_checker(refused_url(), get=out_of_descriptors)
     assert not await checker.confirm_unreachable("b", "ClientConnectorError")
     assert backend.health is Health.READY
+
+
+async def test_each_poll_of_a_ready_backend_keeps_its_own_loads_and_drops_them_when_it_is_not() -> None:
+    report = {"version": "0.5.23", "num_accelerators": 1, "loads": [{"dp_rank": 0, "num_waiting_reqs": 2}]}
+    async with serving(FakeBackend(loads=report)) as fake, checking(fake.url) as (backend, _):
+        await until(lambda: backend.engine_load is not None)
+        assert backend.engine_load is not None and backend.engine_load.ranks[0]["num_waiting_reqs"] == 2
+        report["loads"] = [{"dp_rank": 0, "num_waiting_reqs": 7}]
+        await until(lambda: backend.engine_load is not None and backend.engine_load.ranks[0]["num_waiting_reqs"] == 7)
+        fake.ready_status = 503
+        await until(lambda: backend.engine_load is None)  # an unready backend's figures are stale
+
+
+async def test_a_backend_without_v1_loads_is_ready_with_no_figures() -> None:
+    async with serving(FakeBackend()) as fake, checking(fake.url) as (backend, _):
+        await until(lambda: backend.health is Health.READY and "/v1/loads" in fake.gets)
+        assert backend.engine_load is None

@@ -272,6 +272,7 @@ def test_info_routes(eagle: SimHandle) -> None:
     ):
         assert key in entry
     assert "speculative" in entry and "memory" in entry
+    assert entry["disaggregation"]["mode"] == "null" and "decode_moments" in entry and "timestamp" in entry
     core = httpx.get(base + "/v1/loads", params={"include": "core"}).json()["loads"][0]
     assert "speculative" not in core and "memory" not in core
     bad = httpx.get(base + "/v1/loads", params={"include": "nope"})

@@ -1,0 +1,40 @@
+"""One backend's own `/v1/loads` as the gateway keeps it: what only the engine knows about its load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One backend's own `/v1/loads`, as last fetched by the health checker."""
+
+    version: str | None
+    accelerator: str | None
+    num_accelerators: int
+    ranks: tuple[dict[str, Any], ...]  # its `loads[]` entries, one per DP rank
+
+
+def parse_engine_load(body: Any) -> EngineLoad | None:
+    """A backend's `/v1/loads` JSON as an `EngineLoad`; None when it is not that shape."""
+    if not isinstance(body, dict) or not isinstance(body.get("loads"), list):
+        return None
+    ranks = tuple(r for r in body["loads"] if isinstance(r, dict))
+    version, accelerator = body.get("version"), body.get("accelerator")
+    return EngineLoad(
+        version if isinstance(version, str) else None,
+        accelerator if isinstance(accelerator, str) else None,
+        as_int(body.get("num_accelerators")),
+        ranks,
+    )
+
+
+def as_int(value: Any) -> int:
+    """A reported count as an int; 0 when it is missing or not a number."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def as_float(value: Any) -> float:
+    """A reported figure as a float; 0.0 when it is missing or not a number."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
