@@ -104,7 +104,8 @@ def running(image: str, repo: Path, logs: Path, env: dict[str, str] | None = Non
         subprocess.run(["podman", "rm", "--force", "--time=5", name], capture_output=True, check=False, timeout=60)
 
 
-def run_once(image: str, *command: str, entrypoint: str | None = None) -> str:
+def run_once(image: str, *command: str, entrypoint: str | None = None, user: str | None = None) -> str:
     """Output of a one-off command in a fresh container of `image` (no network)."""
     override = [f"--entrypoint={entrypoint}"] if entrypoint else []
+    override += [f"--user={user}"] if user else []
     return podman("run", "--rm", *RUNTIME, *ULIMITS, "--network=none", *override, image, *command).stdout
