@@ -114,10 +114,11 @@ EVENT_ONLY = {
 }
 
 
-def assert_node_scraped(repo: Path, prom: str, proc: subprocess.Popen[bytes], requests: int) -> None:
+def assert_node_scraped(repo: Path, prom: str, proc: subprocess.Popen[bytes] | None, requests: int) -> None:
     """Prometheus scraped one node (the gateway and both SGLang servers) the way the dashboard and alerts need.
 
     `requests` is how many requests the gateway has served; the scraped counter must show exactly that.
+    `proc` is Prometheus's process where the test started it (its exit ends the waits early).
     """
     served = wait_until(
         lambda: [s for s in query(prom, "sum(specgate_requests_total)") if float(s["value"][1]) >= requests],
