@@ -41,7 +41,8 @@ runc --version | head -n1
 mkdir -p "$cache"
 if [[ ! -s $tar ]] || [[ -z $(find "$tar" -mtime -7) ]]; then
     started=$SECONDS
-    mmdebstrap --quiet --variant=minbase \
+    rm -f "$tar.partial"
+    mmdebstrap --quiet --format=tar --variant=minbase \
         --include=python3,python3-venv,python3-pip,python-is-python3,ca-certificates \
         trixie "$tar.partial"
     mv "$tar.partial" "$tar"
