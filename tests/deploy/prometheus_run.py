@@ -60,9 +60,10 @@ def get(url: str, **params: str) -> httpx.Response | None:
         return None
 
 
-def answers_200(url: str) -> bool:
+def answers(url: str, status: int = 200) -> bool:
+    """True once `url` answers a GET with `status`."""
     response = get(url)
-    return response is not None and response.status_code == 200
+    return response is not None and response.status_code == status
 
 
 def point_config_at(repo: Path, tmp: Path, hosts: dict[str, str]) -> Path:
@@ -94,7 +95,7 @@ def running_prometheus(config: Path, tmp: Path) -> Iterator[tuple[str, subproces
         f"--web.listen-address=127.0.0.1:{port}",
     ]
     with child(argv, tmp / "prometheus.log") as proc:
-        wait_until(lambda: answers_200(f"{url}/-/ready"), "prometheus ready", 60, proc)
+        wait_until(lambda: answers(f"{url}/-/ready"), "prometheus ready", 60, proc)
         yield url, proc
 
 

@@ -14,7 +14,14 @@ import openai
 import pytest
 
 from backends.process import free_loopback_port
-from tests.deploy.prometheus_run import answers_200, assert_node_scraped, child, point_config_at, running_prometheus, wait_until
+from tests.deploy.prometheus_run import (
+    answers,
+    assert_node_scraped,
+    child,
+    point_config_at,
+    running_prometheus,
+    wait_until,
+)
 
 pytestmark = pytest.mark.prometheus
 
@@ -35,7 +42,7 @@ def test_prometheus_scrapes_gateway_and_simulated_sglang(repo: Path, tmp_path: P
     }
     config = point_config_at(repo, tmp_path, stand_ins)
     with child(specgate, tmp_path / "specgate.log", env) as gw_proc:
-        wait_until(lambda: answers_200(f"{gateway}/ready"), "specgate /ready", 90, gw_proc)
+        wait_until(lambda: answers(f"{gateway}/ready"), "specgate /ready", 90, gw_proc)
         with running_prometheus(config, tmp_path) as (prom, prom_proc):
             client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=60)
             model = client.models.list().data[0].id

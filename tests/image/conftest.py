@@ -40,6 +40,5 @@ def gateway_image(request: pytest.FixtureRequest, base_image: str) -> Built:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """What was built, how long it took and how large it is, so CI's log records it."""
     for built in config.stash.get(BUILT, []):
-        terminalreporter.write_line(
-            f"image {built.tag} (target {built.target}): {built.size_bytes / 1e6:.0f} MB, built in {built.seconds:.0f} s"
-        )
+        size = f"{built.size_bytes / 1e6:.0f} MB"
+        terminalreporter.write_line(f"image {built.tag} (target {built.target}): {size}, built in {built.seconds:.0f} s")

@@ -77,6 +77,10 @@ class Container:
     name: str
     urls: dict[str, str]
 
+    def as_compose_targets(self) -> dict[str, str]:
+        """Where the compose network's `specgate:PORT` targets are published on the host."""
+        return {f"specgate:{port}": self.urls[role].removeprefix("http://") for role, port in CONTAINER_PORTS.items()}
+
 
 def _unique_name(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
@@ -99,8 +103,8 @@ def running(image: str, repo: Path, logs: Path, env: dict[str, str] | None = Non
     try:
         yield Container(name, {role: f"http://127.0.0.1:{port}" for role, port in ports.items()})
     finally:
-        log = subprocess.run(["podman", "logs", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
-        logs.write_text(log.stdout)
+        log = subprocess.run(["podman", "logs", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+        logs.write_bytes(log.stdout)
         subprocess.run(["podman", "rm", "--force", "--time=5", name], capture_output=True, check=False, timeout=60)
 
 

@@ -21,13 +21,14 @@ import pytest
 import yaml
 
 from backends.process import free_loopback_port
-from tests.deploy.prometheus_run import answers_200, assert_node_scraped, child, wait_until
+from tests.deploy.prometheus_run import answers, assert_node_scraped, child, wait_until
 from tests.deploy.tools import compose_binary, find_tool
 from tests.image.podman import Built, inspect
 
 pytestmark = pytest.mark.image
 
 COMPOSE = "deploy/docker-compose.yml"
+HI = [{"role": "user", "content": "hi"}]
 # podman's defaults for the containers the API creates: the same runtime and ulimits as tests/image/podman.py.
 CONTAINERS_CONF = """\
 [containers]
@@ -96,12 +97,12 @@ def test_sim_profile_serves_and_prometheus_scrapes_it(
     run("up", "--detach", "specgate-sim", "prometheus")
     try:
         gateway = f"http://127.0.0.1:{ports['gateway']}"
-        wait_until(lambda: answers_200(f"{gateway}/ready"), "the compose gateway /ready", 90)
+        wait_until(lambda: answers(f"{gateway}/ready"), "the compose gateway /ready", 90)
         client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=60)
         for _ in range(3):
-            client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+            client.chat.completions.create(model="sim-model", messages=HI, max_tokens=8)
         prom = f"http://127.0.0.1:{ports['prometheus']}"
-        wait_until(lambda: answers_200(f"{prom}/-/ready"), "the compose Prometheus", 60)
+        wait_until(lambda: answers(f"{prom}/-/ready"), "the compose Prometheus", 60)
         assert_node_scraped(repo, prom, None, requests=3)
 
         # `docker compose stop` gives the gateway its stop_grace_period; it drains and exits 0.
@@ -109,4 +110,5 @@ def test_sim_profile_serves_and_prometheus_scrapes_it(
         state = inspect("container", f"{project}-specgate-sim-1")["State"]
         assert state["ExitCode"] == 0, state
     finally:
-        subprocess.run([*compose, "down", "--volumes", "--timeout=10"], env=env, capture_output=True, timeout=180, check=False)
+        down = [*compose, "down", "--volumes", "--timeout=10"]
+        subprocess.run(down, env=env, capture_output=True, timeout=180, check=False)

@@ -17,7 +17,13 @@ import httpx
 import openai
 import pytest
 
-from tests.deploy.prometheus_run import answers_200, assert_node_scraped, get, point_config_at, running_prometheus, wait_until
+from tests.deploy.prometheus_run import (
+    answers,
+    assert_node_scraped,
+    point_config_at,
+    running_prometheus,
+    wait_until,
+)
 from tests.image.podman import Built, Container, inspect, podman, run_once, running
 
 pytestmark = pytest.mark.image
@@ -27,10 +33,15 @@ UID = 10001
 NOT_IN_IMAGE = {"matplotlib", "numpy", "psutil", "tomli-w", "pytest", "pytest-asyncio", "schemathesis", "openai"}
 # Base (a Debian trixie root file system, 184 MB) plus specgate's venv; grows only if something heavy sneaks in.
 MAX_SIZE_BYTES = 350e6
+HI = [{"role": "user", "content": "hi"}]
+
+
+def _client(container: Container) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{container.urls['gateway']}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def _ready(container: Container) -> None:
-    wait_until(lambda: answers_200(f"{container.urls['gateway']}/ready"), f"{container.name} /ready", 90)
+    wait_until(lambda: answers(f"{container.urls['gateway']}/ready"), f"{container.name} /ready", 90)
 
 
 @pytest.fixture(scope="module")
@@ -43,26 +54,20 @@ def serving(gateway_image: Built, repo: Path, tmp_path_factory: pytest.TempPathF
 
 
 def test_openai_sdk_through_the_published_port(serving: Container) -> None:
-    client = openai.OpenAI(base_url=f"{serving.urls['gateway']}/v1", api_key="unused", max_retries=0, timeout=60)
+    client = _client(serving)
     assert [m.id for m in client.models.list().data] == ["sim-model"]
-    reply = client.chat.completions.create(
-        model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=8
-    )
+    reply = client.chat.completions.create(model="sim-model", messages=HI, max_tokens=8)
     assert reply.choices[0].message.content and reply.usage is not None and reply.usage.completion_tokens == 8
-    stream = client.chat.completions.create(
-        model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
-    )
+    stream = client.chat.completions.create(model="sim-model", messages=HI, max_tokens=8, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
 
 def test_prometheus_scrapes_the_container(serving: Container, repo: Path, tmp_path: Path) -> None:
-    hosts = {f"specgate:{port}": serving.urls[role].removeprefix("http://") for role, port in (("gateway", 8000), ("eagle", 30001), ("plain", 30002))}
-    config = point_config_at(repo, tmp_path, hosts)
+    config = point_config_at(repo, tmp_path, serving.as_compose_targets())
     before = _requests_served(serving)
     with running_prometheus(config, tmp_path) as (prom, proc):
-        client = openai.OpenAI(base_url=f"{serving.urls['gateway']}/v1", api_key="unused", max_retries=0, timeout=60)
         for _ in range(3):
-            client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+            _client(serving).chat.completions.create(model="sim-model", messages=HI, max_tokens=8)
         assert_node_scraped(repo, prom, proc, requests=before + 3)
 
 
@@ -96,7 +101,7 @@ def test_stop_drains_streams_in_flight(gateway_image: Built, repo: Path, tmp_pat
         ends: list[list[str]] = [[] for _ in range(streams)]
 
         def stream(i: int) -> None:
-            body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": True}
+            body = {"model": "sim-model", "messages": HI, "max_tokens": 200, "stream": True}
             with httpx.stream("POST", f"{container.urls['gateway']}/v1/chat/completions", json=body, timeout=120) as r:
                 lines = (line for line in r.iter_lines() if line.startswith("data: "))
                 ends[i].append(next(lines))
@@ -111,9 +116,9 @@ def test_stop_drains_streams_in_flight(gateway_image: Built, repo: Path, tmp_pat
         stopper.start()
         gateway = container.urls["gateway"]
         # SIGTERM reached the gateway: it refuses new work and reports draining, the streams still run.
-        wait_until(lambda: (r := get(f"{gateway}/ready")) is not None and r.status_code == 503, "the gateway to drain", 30)
+        wait_until(lambda: answers(f"{gateway}/ready", 503), "the gateway to drain", 30)
         seen = [len(lines) for lines in ends]
-        refused = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        refused = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "sim-model", "messages": HI}, timeout=30)
         assert refused.status_code == 503 and set(refused.json()["error"]) >= {"message", "type", "code"}
         stopper.join(timeout=90)
         for thread in threads:
@@ -128,12 +133,8 @@ def test_stop_drains_streams_in_flight(gateway_image: Built, repo: Path, tmp_pat
 
 
 def test_holds_no_plotting_or_test_packages(gateway_image: Built, repo: Path) -> None:
-    listing = run_once(
-        gateway_image.tag,
-        "-c",
-        "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))",
-        entrypoint="python",
-    )
+    script = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    listing = run_once(gateway_image.tag, "-c", script, entrypoint="python")
     installed = {_normalized(name): version for name, version in json.loads(listing).items()}
     assert NOT_IN_IMAGE & set(installed) == set()
     # specgate and exactly the versions its pyproject pins.

@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.deploy.prometheus_run import answers_200, wait_until
+from tests.deploy.prometheus_run import answers, wait_until
 from tests.image.conftest import BUILT
 from tests.image.podman import Built, Container, build, inspect, podman, run_once, running
 
@@ -39,13 +39,14 @@ def runtime_image(request: pytest.FixtureRequest, base_image: str) -> Built:
 def serving(runtime_image: Built, repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     logs = tmp_path_factory.mktemp("runtime") / "container.log"
     with running(runtime_image.tag, repo, logs) as container:
-        wait_until(lambda: answers_200(f"{container.urls['gateway']}/ready"), f"{container.name} /ready", 90)
+        wait_until(lambda: answers(f"{container.urls['gateway']}/ready"), f"{container.name} /ready", 90)
         yield container
 
 
 def test_runtime_image_serves_as_the_non_root_user(serving: Container, runtime_image: Built) -> None:
     client = openai.OpenAI(base_url=f"{serving.urls['gateway']}/v1", api_key="unused", max_retries=0, timeout=60)
-    reply = client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    hi = [{"role": "user", "content": "hi"}]
+    reply = client.chat.completions.create(model="sim-model", messages=hi, max_tokens=8)
     assert reply.choices[0].message.content
     assert podman("exec", serving.name, "id", "-u").stdout.strip() == "10001"
     assert "/health" in inspect("image", runtime_image.tag)["Healthcheck"]["Test"][-1]
