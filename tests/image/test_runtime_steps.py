@@ -51,6 +51,7 @@ def test_runtime_image_serves_as_the_non_root_user(serving: Container, runtime_i
     assert podman("exec", serving.name, "id", "-u").stdout.strip() == "10001"
     assert "/health" in inspect("image", runtime_image.tag)["Healthcheck"]["Test"][-1]
     podman("healthcheck", "run", serving.name)
+    assert inspect("container", serving.name)["State"]["Health"]["Status"] == "healthy"
 
 
 def test_python3_stays_the_base_images_interpreter(serving: Container) -> None:
