@@ -87,7 +87,7 @@ def _unique_name(prefix: str) -> str:
 
 
 @contextmanager
-def running(image: str, repo: Path, logs: Path, env: dict[str, str] | None = None) -> Iterator[Container]:
+def running(image: str, repo: Path, logs: Path) -> Iterator[Container]:
     """The image serving deploy/compose/specgate-sim.toml, each port published on a free loopback port.
 
     Removed on exit whatever state it is in; its log is copied to `logs` first.
@@ -95,12 +95,11 @@ def running(image: str, repo: Path, logs: Path, env: dict[str, str] | None = Non
     name = _unique_name("specgate-ci")
     ports = {role: free_loopback_port() for role in CONTAINER_PORTS}
     publish = [f"--publish=127.0.0.1:{ports[role]}:{port}" for role, port in CONTAINER_PORTS.items()]
-    environment = [f"--env={k}={v}" for k, v in (env or {}).items()]
-    podman(
-        "run", "--detach", f"--name={name}", *RUNTIME, *ULIMITS, *publish, *environment,
-        f"--volume={repo / SIM_CONFIG}:/etc/specgate/specgate.toml:ro", image,
-    )  # fmt: skip
     try:
+        podman(
+            "run", "--detach", f"--name={name}", *RUNTIME, *ULIMITS, *publish,
+            f"--volume={repo / SIM_CONFIG}:/etc/specgate/specgate.toml:ro", image,
+        )  # fmt: skip
         yield Container(name, {role: f"http://127.0.0.1:{port}" for role, port in ports.items()})
     finally:
         log = subprocess.run(["podman", "logs", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)

@@ -85,7 +85,7 @@ def test_sim_profile_serves_and_prometheus_scrapes_it(
     # `!override` replaces the compose file's port lists instead of adding to them.
     text = yaml.safe_dump(_override(gateway_image.tag, base_image, ports))
     override.write_text(text.replace("ports:\n", "ports: !override\n"))
-    project = f"specgate-ci-{free_loopback_port()}"
+    project = f"specgate-ci-{os.getpid()}"
     compose = [compose_binary(), "-f", str(repo / COMPOSE), "-f", str(override), "-p", project, "--profile", "sim"]
     env = {**os.environ, "DOCKER_HOST": docker_host}
 
@@ -94,8 +94,8 @@ def test_sim_profile_serves_and_prometheus_scrapes_it(
         assert result.returncode == 0, f"compose {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
         return result
 
-    run("up", "--detach", "specgate-sim", "prometheus")
     try:
+        run("up", "--detach", "specgate-sim", "prometheus")
         gateway = f"http://127.0.0.1:{ports['gateway']}"
         wait_until(lambda: answers(f"{gateway}/ready"), "the compose gateway /ready", 90)
         client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=60)
