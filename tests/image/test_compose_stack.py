@@ -25,7 +25,8 @@ from tests.deploy.prometheus_run import answers, assert_node_scraped, child, wai
 from tests.deploy.tools import compose_binary, find_tool
 from tests.image.podman import Built, inspect
 
-pytestmark = pytest.mark.image
+# The first test also waits for the image build (pip downloads): it may need more than the default 120 s.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
 COMPOSE = "deploy/docker-compose.yml"
 HI = [{"role": "user", "content": "hi"}]

@@ -26,7 +26,8 @@ from tests.deploy.prometheus_run import (
 )
 from tests.image.podman import Built, Container, inspect, podman, run_once, running
 
-pytestmark = pytest.mark.image
+# The first test also waits for the image build (pip downloads): it may need more than the default 120 s.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
 UID = 10001
 # The load tester's and the tests' packages: none belongs in the image.

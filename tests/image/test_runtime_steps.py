@@ -20,7 +20,8 @@ from tests.deploy.prometheus_run import answers, wait_until
 from tests.image.conftest import BUILT
 from tests.image.podman import Built, Container, build, inspect, podman, run_once, running
 
-pytestmark = pytest.mark.image
+# The first test also waits for the image build (pip downloads): it may need more than the default 120 s.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
