@@ -24,7 +24,9 @@ set -euo pipefail
 tag=${SPECGATE_IMAGE_BASE:-localhost/specgate-python:trixie}
 cache=${SPECGATE_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specgate}
 tar="$cache/python-base-trixie.tar"
-packages=(podman runc mmdebstrap uidmap slirp4netns netavark aardvark-dns iptables catatonit fuse-overlayfs)
+# netavark + iptables: published ports; aardvark-dns: service names on compose networks; catatonit:
+# podman's init. uidmap, slirp4netns and fuse-overlayfs serve rootless podman (the checks run as root).
+packages=(podman runc mmdebstrap netavark aardvark-dns iptables catatonit uidmap slirp4netns fuse-overlayfs)
 
 missing=()
 for package in "${packages[@]}"; do
