@@ -106,7 +106,7 @@ def test_sim_profile_serves_and_prometheus_scrapes_it(
         wait_until(lambda: answers(f"{prom}/-/ready"), "the compose Prometheus", 60)
         assert_node_scraped(repo, prom, None, requests=3)
 
-        # `docker compose stop` gives the gateway its stop_grace_period; it drains and exits 0.
+        # `docker compose stop` sends SIGTERM and waits stop_grace_period: the gateway stops itself, exit 0.
         run("stop", "specgate-sim")
         state = inspect("container", f"{project}-specgate-sim-1")["State"]
         assert state["ExitCode"] == 0, state
