@@ -22,7 +22,7 @@ import logging
 import aiohttp
 
 from gateway.config import HealthConfig
-from gateway.engine_load import EngineLoad, parse_engine_load
+from gateway.engine_load import EngineLoad, kv_bound_cap, parse_engine_load
 from gateway.local_errors import local_kind
 from gateway.pool import Backend, Health, Pool
 from gateway.upstream import UpstreamClient, UpstreamStatusError
@@ -67,6 +67,7 @@ class HealthChecker:
             backend.health = health
             if health is not Health.READY:
                 backend.engine_load = None  # figures of a backend out of routing are stale
+                backend.kv_cap = None
         backend.health_detail = detail
 
     def report_unreachable(self, name: str, detail: str) -> None:
@@ -149,6 +150,7 @@ class HealthChecker:
             if backend.available:
                 load = await self._engine_load(backend)
                 backend.engine_load = load if backend.available else None
+                backend.kv_cap = kv_bound_cap(backend.kv_cap, backend.engine_load)
             await asyncio.sleep(self._config.ready_interval)
 
     async def _engine_load(self, backend: Backend) -> EngineLoad | None:

@@ -47,6 +47,7 @@ class BackendView:
     # token-bearing chunks relayed to them so far (a policy turns chunks into tokens).
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
+    kv_cap: int | None = None  # the requests its KV cache lets it run, while that binds (gateway/engine_load.py)
 
     def __post_init__(self) -> None:
         if not self.group:
@@ -110,6 +111,7 @@ class Backend:
     relayed_chunks: int = 0
     mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
     engine_load: EngineLoad | None = None  # its own /v1/loads at the last poll; None while not ready
+    kv_cap: int | None = None  # the requests its KV cache lets it run, while that binds; None: it does not
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
     _load_since: float = field(default_factory=time.monotonic)
@@ -242,7 +244,9 @@ class Pool:
         """The current state as plain data for a policy."""
         return PoolSnapshot(
             tuple(
-                BackendView(b.name, b.speculative, b.available, b.inflight, b.group, b.expected_tokens, b.relayed_chunks)
+                BackendView(
+                    b.name, b.speculative, b.available, b.inflight, b.group, b.expected_tokens, b.relayed_chunks, b.kv_cap
+                )
                 for b in self._backends.values()
             )
         )

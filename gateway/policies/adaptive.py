@@ -338,7 +338,7 @@ class AdaptivePolicy(Policy):
             view.speculative,
             view.available,
             view.inflight,
-            cap=self.cap if view.speculative else None,
+            cap=_tighter(self.cap if view.speculative else None, view.kv_cap),
             line=line,
             tau=tau,
             remaining=remaining,
@@ -386,3 +386,8 @@ class AdaptivePolicy(Policy):
 
         best = min((s for s in states if s.line is not None), key=lambda s: (harm(s), predicted[s.name], s.name))
         return Decision(best.name, "adaptive_slo")
+
+
+def _tighter(cap: int | None, other: int | None) -> int | None:
+    """The smaller of two caps (None: no cap)."""
+    return other if cap is None else cap if other is None else min(cap, other)
