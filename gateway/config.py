@@ -94,6 +94,36 @@ class PolicyConfig(_Section):
         description="adaptive: both servers share GPUs (steps serialize); unset: the [launch] topology when launching",
     )
 
+    tier_priority_headroom: float = Field(
+        default=0.3,
+        ge=0.0,
+        lt=1.0,
+        description="service tiers: while priority traffic is present, default traffic takes a partitioned EAGLE "
+        "backend only where it is predicted at least this share faster, so EAGLE keeps a faster lane for priority",
+    )
+    tier_priority_slots: int = Field(
+        default=8,
+        ge=0,
+        description="service tiers: EAGLE slots (of its cap) that only priority requests take while priority "
+        "traffic is present, so a priority request never finds EAGLE full of default traffic",
+    )
+    tier_priority_window: int = Field(
+        default=1000,
+        ge=1,
+        description="service tiers: routing decisions after the last priority request during which its lane is kept",
+    )
+    tier_flex_inflight_share: float = Field(
+        default=0.75,
+        gt=0.0,
+        le=1.0,
+        description="service tiers: flex requests get 429 once the gateway holds this share of its in-flight limit",
+    )
+    tier_sglang_priority: bool = Field(
+        default=False,
+        description="service tiers: send SGLang's `priority` field (priority 1, default 0, flex -1) and launch "
+        "SGLang servers with --enable-priority-scheduling",
+    )
+
     @property
     def eagle_cap(self) -> int:
         """The most requests this policy sends the speculative backend at once (sizes its server)."""
