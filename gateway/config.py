@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from backends.config import LaunchConfig
+from backends.sglang_args import with_priority_scheduling
 
 EAGLE = "eagle"
 PLAIN = "plain"
@@ -237,6 +238,12 @@ class Settings(BaseSettings):
     def launches_backends(self) -> bool:
         """True when the gateway starts its own backends instead of pointing at URLs."""
         return not self.backends
+
+    @property
+    def planned_launch(self) -> LaunchConfig:
+        """The `[launch]` table the plan is built from: with `policy.tier_sglang_priority`, SGLang
+        servers are started with priority scheduling, so the `priority` the gateway sends counts."""
+        return with_priority_scheduling(self.launch) if self.policy.tier_sglang_priority else self.launch
 
     @property
     def resolved_policy(self) -> PolicyConfig:

@@ -14,6 +14,7 @@ from gateway.policy import MODE_EAGLE, MODE_PLAIN
 from gateway.proxy import ProxyJob, ProxyResponse
 from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_FIELD, TIER_HEADER, requested_tier
 
 router = APIRouter()
 
@@ -48,15 +49,22 @@ async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, 
     known = rt.model_ids()
     if known and model not in known:
         raise OpenAIError(404, f"The model '{model}' does not exist; available: {', '.join(known)}", param="model", code="model_not_found")
+    body = dict(await request.json())  # already parsed (and cached) by the body validation
+    # The tier is specgate's to serve: SGLang gets its own `priority` field instead, when asked to.
+    tier = requested_tier(body.pop(TIER_FIELD, None), request.headers.get(TIER_HEADER))
+    if rt.settings.policy.tier_sglang_priority and "priority" not in body:
+        body["priority"] = SGLANG_PRIORITY[tier or DEFAULT]
     job = ProxyJob(
         endpoint=endpoint,
         path=path,
-        body=dict(await request.json()),  # already parsed (and cached) by the body validation
+        body=body,
         stream=stream,
         client_wants_usage=wants_usage,
         forced=_forced_route(rt, request),
         request_id=uuid.uuid4().hex,
         arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
+        tier=tier or DEFAULT,
+        echo_tier=tier is not None,
     )
     return ProxyResponse(rt, job)
 

@@ -13,6 +13,7 @@ SGLang's own `priority` value for each tier.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import orjson
@@ -64,6 +65,22 @@ def flex_admitted(inflight: int, limit: int, share: float) -> bool:
     return inflight < max(1, math.floor(share * limit))
 
 
+def admit_tier(tier: Tier, inflight: int, limit: int, flex_share: float) -> None:
+    """Raise the 429 (with Retry-After) that refuses a flex request under `flex_admitted`'s overload."""
+    if tier == FLEX and not flex_admitted(inflight, limit, flex_share):
+        raise OpenAIError(
+            429,
+            "flex requests are refused while the gateway is this busy, retry later",
+            code="overloaded",
+            headers={"Retry-After": "2"},
+        )
+
+
+def tier_header(tier: Tier) -> tuple[bytes, bytes]:
+    """The response header that names the tier served."""
+    return TIER_HEADER.encode(), tier.encode()
+
+
 def echo_json(payload: bytes, tier: Tier) -> bytes:
     """A JSON response body with `service_tier` set to the tier served (unchanged if not an object)."""
     try:
@@ -76,13 +93,14 @@ def echo_json(payload: bytes, tier: Tier) -> bytes:
     return orjson.dumps(body)
 
 
-def echo_event(tier: Tier) -> bytes:
-    """The bytes `echo_stream_event` puts at the start of a chunk's JSON object."""
-    return b'"service_tier":"' + tier.encode() + b'",'
+def stream_echo(tier: Tier) -> Callable[[bytes], bytes]:
+    """What puts `"service_tier": tier` in each chunk event of a stream (see `echo_stream_event`)."""
+    field = b'"service_tier":"' + tier.encode() + b'",'
+    return lambda event: echo_stream_event(event, field)
 
 
 def echo_stream_event(event: bytes, field: bytes) -> bytes:
-    """One `data: {...}` SSE event with `field` (from `echo_event`) as its object's first member.
+    """One `data: {...}` SSE event with `field` (a `"key":"value",` member) as its object's first member.
 
     Splicing the bytes keeps the relay's exact-bytes forwarding (no re-encoding); an event that
     already names a tier is left as it is.
