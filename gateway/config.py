@@ -96,7 +96,7 @@ class PolicyConfig(_Section):
     )
 
     tier_priority_headroom: float = Field(
-        default=0.3,
+        default=0.35,
         ge=0.0,
         lt=1.0,
         description="service tiers: while priority traffic is present, default traffic takes a partitioned EAGLE "

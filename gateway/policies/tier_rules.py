@@ -35,7 +35,7 @@ PRIORITY_EAGLE = "tier_priority_eagle"  # a static policy sent a priority reques
 class TierSettings:
     """The lane's size and how long it is kept (the `[policy]` table's `tier_*` keys)."""
 
-    headroom: float = 0.3
+    headroom: float = 0.35
     slots: int = 8
     window: int = 1000
 

@@ -42,7 +42,7 @@ def test_priority_keeps_eagle_where_default_is_pushed_to_plain() -> None:
     # EAGLE(2) = 7.59 ms < plain(3) = 8.41 ms: without priority traffic, default speculates.
     assert steady(policy, 1, 2) == Decision("eagle", "adaptive_predicted_faster")
     priority_seen(policy)
-    # With the lane (headroom 0.3) default sees EAGLE(2) as 7.59 / 0.7 = 10.8 ms > 8.41: plain.
+    # With the lane (headroom 0.35) default sees EAGLE(2) as 7.59 / 0.65 = 11.7 ms > 8.41: plain.
     assert steady(policy, 1, 2) == Decision("plain", "adaptive_predicted_faster")
     # The priority request itself sees the true lines: EAGLE.
     assert policy.choose(snap(1, 2), PRIORITY) == Decision("eagle", "adaptive_predicted_faster", PRIORITY)
