@@ -186,3 +186,12 @@ def test_sglang_priority_scheduling_is_launched_only_for_real_sglang() -> None:
     settings = Settings(policy=PolicyConfig(tier_sglang_priority=True), launch=sglang)
     assert PRIORITY_SCHEDULING_FLAG in settings.planned_launch.plain.extra_args
     assert Settings(launch=sglang).planned_launch == sglang
+
+
+def test_the_launch_plan_starts_sglang_with_priority_scheduling() -> None:
+    from backends.plan import build_plan
+
+    launch = LaunchConfig(engine="sglang", model_path="m", draft_model_path="d")
+    settings = Settings(policy=PolicyConfig(tier_sglang_priority=True), launch=launch)
+    plan = build_plan(settings.planned_launch, eagle_cap=settings.resolved_policy.eagle_cap, free_port=lambda: 30000)
+    assert all(PRIORITY_SCHEDULING_FLAG in p.argv for p in plan.processes) and len(plan.processes) == 2
