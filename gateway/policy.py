@@ -86,6 +86,10 @@ class Policy(ABC):
     def describe(self) -> dict[str, Any]:
         """Policy name, parameters and beliefs, for /admin/status."""
 
+    def tiers(self) -> dict[str, Any] | None:
+        """The service tiers' state (the lane priority traffic keeps), for /admin/status; None: no tiers."""
+        return None
+
 
 def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None, tier: Tier = DEFAULT) -> Decision | None:
     """Decide for one request of service tier `tier`; None when no backend can serve it.

@@ -207,9 +207,11 @@ class AdaptivePolicy(Policy):
             "probe_every": self.probe_every,
             "colocated": self.colocated,
             "half_life": self.estimator.half_life,
-            "tiers": self.lane.describe(),
             "beliefs": self.beliefs(),
         }
+
+    def tiers(self) -> dict[str, Any]:
+        return self.lane.describe()
 
     def beliefs(self) -> dict[str, Any]:
         """Fitted lines, predicted TPOT for one more request at the current load, per-group beliefs, the crossover."""

@@ -37,7 +37,10 @@ class ThresholdPolicy(Policy):
         self.lane.routed(decision.tier)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "threshold": self.threshold, "tiers": self.lane.describe()}
+        return {"name": self.name, "threshold": self.threshold}
+
+    def tiers(self) -> dict[str, Any]:
+        return self.lane.describe()
 
 
 class SpillPolicy(Policy):
@@ -66,4 +69,7 @@ class SpillPolicy(Policy):
         self.lane.routed(decision.tier)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "eagle_max_inflight": self.eagle_max_inflight, "tiers": self.lane.describe()}
+        return {"name": self.name, "eagle_max_inflight": self.eagle_max_inflight}
+
+    def tiers(self) -> dict[str, Any]:
+        return self.lane.describe()

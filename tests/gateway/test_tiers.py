@@ -17,7 +17,7 @@ from gateway.errors import OpenAIError
 from gateway.policies import make_policy
 from gateway.policies.adaptive import AdaptivePolicy
 from gateway.policies.static import SpillPolicy, ThresholdPolicy
-from gateway.policies.tier_rules import FLEX_PLAIN, PRIORITY_EAGLE, TierSettings
+from gateway.policies.tier_rules import FLEX_PLAIN, PRIORITY_EAGLE, TierLane, TierSettings
 from gateway.policy import Decision, failover, route
 from gateway.tiers import (
     DEFAULT,
@@ -56,9 +56,9 @@ def test_the_lane_closes_a_window_after_the_last_priority_request() -> None:
     assert steady(policy, 1, 2).backend == "plain"  # steady routes two default requests first
     for _ in range(3):
         steady(policy, 0, 0)
-    assert policy.describe()["tiers"]["priority_lane_active"] is True
+    assert policy.tiers()["priority_lane_active"] is True
     assert steady(policy, 1, 2).backend == "eagle"  # ten default decisions since: the lane is gone
-    assert policy.describe()["tiers"]["priority_lane_active"] is False
+    assert policy.tiers()["priority_lane_active"] is False
 
 
 def test_priority_slots_of_the_eagle_cap_are_kept_for_priority() -> None:
@@ -127,9 +127,10 @@ def test_route_and_failover_carry_the_tier_into_the_label() -> None:
 
 def test_configured_through_the_policy_table() -> None:
     config = PolicyConfig(tier_priority_headroom=0.5, tier_priority_slots=3, tier_priority_window=7)
-    tiers = make_policy(config).describe()["tiers"]
+    tiers = make_policy(config).tiers()
+    assert tiers is not None
     assert (tiers["priority_headroom"], tiers["priority_slots"], tiers["priority_window"]) == (0.5, 3, 7)
-    assert make_policy(PolicyConfig(name="spill")).describe()["tiers"]["priority_lane_active"] is False
+    assert make_policy(PolicyConfig(name="spill")).tiers() == TierLane().describe()  # the defaults agree
     with pytest.raises(ValueError):
         PolicyConfig(tier_priority_headroom=1.0)
 

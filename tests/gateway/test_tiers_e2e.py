@@ -100,5 +100,6 @@ def test_metrics_and_status_carry_the_tier(client: openai.OpenAI, model: str, ga
     tpot = re.search(r'specgate_tier_time_per_output_token_seconds_count\{tier="priority"\} (\S+)', metrics)
     assert tpot is not None and float(tpot[1]) >= 1
     assert 'reason="priority:tier_priority_eagle"' in metrics
-    tiers = httpx.get(gateway.url + "/admin/status").json()["policy"]["tiers"]
-    assert tiers["priority_lane_active"] is True and tiers["decisions_since_priority"] == 0
+    tiers = httpx.get(gateway.url + "/admin/status").json()["tiers"]
+    assert tiers["lane"]["priority_lane_active"] is True and tiers["lane"]["decisions_since_priority"] == 0
+    assert tiers["flex_inflight_share"] == 0.75 and tiers["sglang_priority"] is False
