@@ -26,6 +26,9 @@ DEPRECATED_FLAGS: dict[str, str] = {
     "--enable-dp-attention": "deprecated in SGLang 0.5.23 (to be removed); use --attn-dp-size",
 }
 
+# SGLang's priority scheduling: requests carry an integer `priority` (higher first by default).
+PRIORITY_SCHEDULING_FLAG = "--enable-priority-scheduling"
+
 # Flags that decide how many GPUs one server occupies: tp * pp * dp.
 PARALLEL_FLAGS: dict[str, tuple[str, ...]] = {
     "pp": ("--pp-size", "--pipeline-parallel-size"),
@@ -146,6 +149,19 @@ def sglang_server_args(launch: LaunchConfig, server: ResolvedServer) -> SGLangSe
         speculative=spec,
         extra_args=server.extra_args,
     )
+
+
+def with_priority_scheduling(launch: LaunchConfig) -> LaunchConfig:
+    """`launch` with SGLang's priority scheduling turned on in both servers (real SGLang only: the
+    simulator has no such flag and ignores the requests' `priority` field)."""
+    if launch.engine != "sglang":
+        return launch
+    update = {}
+    for role in ("eagle", "plain"):
+        server = getattr(launch, role)
+        if PRIORITY_SCHEDULING_FLAG not in server.extra_args:
+            update[role] = server.model_copy(update={"extra_args": [*server.extra_args, PRIORITY_SCHEDULING_FLAG]})
+    return launch.model_copy(update=update)
 
 
 def server_metric_labels(server: ResolvedServer) -> dict[str, str]:

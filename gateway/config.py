@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from backends.config import LaunchConfig
+from backends.sglang_args import with_priority_scheduling
 
 EAGLE = "eagle"
 PLAIN = "plain"
@@ -92,6 +93,36 @@ class PolicyConfig(_Section):
     adaptive_colocated: bool | None = Field(
         default=None,
         description="adaptive: both servers share GPUs (steps serialize); unset: the [launch] topology when launching",
+    )
+
+    tier_priority_headroom: float = Field(
+        default=0.35,
+        ge=0.0,
+        lt=1.0,
+        description="service tiers: while priority traffic is present, default traffic takes a partitioned EAGLE "
+        "backend only where it is predicted at least this share faster, so EAGLE keeps a faster lane for priority",
+    )
+    tier_priority_slots: int = Field(
+        default=8,
+        ge=0,
+        description="service tiers: EAGLE slots (of its cap) that only priority requests take while priority "
+        "traffic is present, so a priority request never finds EAGLE full of default traffic",
+    )
+    tier_priority_window: int = Field(
+        default=1000,
+        ge=1,
+        description="service tiers: routing decisions after the last priority request during which its lane is kept",
+    )
+    tier_flex_inflight_share: float = Field(
+        default=0.75,
+        gt=0.0,
+        le=1.0,
+        description="service tiers: flex requests get 429 once the gateway holds this share of its in-flight limit",
+    )
+    tier_sglang_priority: bool = Field(
+        default=False,
+        description="service tiers: send SGLang's `priority` field (priority 1, default 0, flex -1) and launch "
+        "SGLang servers with --enable-priority-scheduling",
     )
 
     @property
@@ -207,6 +238,12 @@ class Settings(BaseSettings):
     def launches_backends(self) -> bool:
         """True when the gateway starts its own backends instead of pointing at URLs."""
         return not self.backends
+
+    @property
+    def planned_launch(self) -> LaunchConfig:
+        """The `[launch]` table the plan is built from: with `policy.tier_sglang_priority`, SGLang
+        servers are started with priority scheduling, so the `priority` the gateway sends counts."""
+        return with_priority_scheduling(self.launch) if self.policy.tier_sglang_priority else self.launch
 
     @property
     def resolved_policy(self) -> PolicyConfig:

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.pool import Pool
+from gateway.tiers import TIERS
 
 # Latency buckets spanning a sub-millisecond gateway hop to multi-minute queueing under overload.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
@@ -115,6 +116,24 @@ class GatewayMetrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
+        # Per service tier (three values), not per backend too: what a tier's clients get, whatever served them.
+        self.tier_requests = Counter(
+            "specgate_tier_requests", "Finished requests per service tier", ["tier", "status"], registry=r
+        )
+        self.tier_ttft = Histogram(
+            "specgate_tier_time_to_first_token_seconds",
+            "Time to first token per service tier",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tier_tpot = Histogram(
+            "specgate_tier_time_per_output_token_seconds",
+            "Time per output token (first to last token over tokens - 1) of streamed responses, per service tier",
+            ["tier"],
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
         self.restarts = Counter("specgate_backend_restarts", "Backend process restarts", ["backend"], registry=r)
         self.local_errors = Counter(
             "specgate_local_errors",
@@ -142,6 +161,10 @@ class GatewayMetrics:
             self.restarts.labels(name)
             for endpoint in endpoints:
                 self.requests.labels(name, endpoint, "200")
+        for tier in TIERS:
+            self.tier_requests.labels(tier, "200")
+            self.tier_ttft.labels(tier)
+            self.tier_tpot.labels(tier)
 
     def exposition(self) -> bytes:
         """The text exposition format."""

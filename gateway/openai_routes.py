@@ -15,6 +15,7 @@ from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_FIELD, TIER_HEADER, requested_tier
 
 router = APIRouter()
 
@@ -54,15 +55,22 @@ def check_model(rt: Runtime, model: str) -> None:
 async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, endpoint: str, path: str) -> Response:
     rt = runtime_of(request)
     check_model(rt, model)
+    body = dict(await request.json())  # already parsed (and cached) by the body validation
+    # The tier is specgate's to serve: SGLang gets its own `priority` field instead, when asked to.
+    tier = requested_tier(body.pop(TIER_FIELD, None), request.headers.get(TIER_HEADER))
+    if rt.settings.policy.tier_sglang_priority and "priority" not in body:
+        body["priority"] = SGLANG_PRIORITY[tier or DEFAULT]
     job = ProxyJob(
         endpoint=endpoint,
         path=path,
-        body=dict(await request.json()),  # already parsed (and cached) by the body validation
+        body=body,
         stream=stream,
         client_wants_usage=wants_usage,
         forced=forced_route(rt, request),
         request_id=uuid.uuid4().hex,
         arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
+        tier=tier or DEFAULT,
+        echo_tier=tier is not None,
     )
     return ProxyResponse(rt, job)
 

@@ -68,6 +68,11 @@ async def admin_status(request: Request) -> dict[str, Any]:
     rt = runtime_of(request)
     return {
         "policy": rt.policy.describe(),
+        "tiers": {
+            "lane": rt.policy.tiers(),
+            "flex_inflight_share": rt.settings.policy.tier_flex_inflight_share,
+            "sglang_priority": rt.settings.policy.tier_sglang_priority,
+        },
         "draining": rt.draining,
         "inflight": rt.pool.total_inflight,
         "limits": {**rt.budget.describe(rt.settings.limits.max_inflight), "client_connections": len(rt.client_connections)},

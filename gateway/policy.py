@@ -2,8 +2,9 @@
 
 A policy is a small object with three steps, each called from one place:
 
-- `choose(snapshot)` is a pure function of a `PoolSnapshot` and of what the policy has learned so
-  far: it changes nothing, so each rule can be tested with plain data and asked again freely;
+- `choose(snapshot, tier)` is a pure function of a `PoolSnapshot`, the request's service tier
+  (gateway/tiers.py) and what the policy has learned so far: it changes nothing, so each rule can
+  be tested with plain data and asked again freely;
 - `routed(snapshot, decision)` records that a request was placed as the policy decided, once, after
   its slot was taken (per-decision state, such as how long a backend went without traffic, changes
   here only);
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.pool import PoolSnapshot
+from gateway.tiers import DEFAULT, Tier
 
 MODE_EAGLE, MODE_PLAIN = "eagle", "plain"  # x-specgate-route values that name a mode, not a backend
 FAILOVER = "failover_retry"  # the reason label of a request moved after a connection failure
@@ -29,10 +31,16 @@ FAILOVER = "failover_retry"  # the reason label of a request moved after a conne
 
 @dataclass(frozen=True)
 class Decision:
-    """Where a request goes and which rule sent it there (the `reason` metric label)."""
+    """Where a request goes, which rule sent it there, and the service tier it was decided for."""
 
     backend: str
     reason: str
+    tier: Tier = DEFAULT
+
+    @property
+    def label(self) -> str:
+        """The `reason` metric label: the rule, prefixed by the tier for priority and flex requests."""
+        return self.reason if self.tier == DEFAULT else f"{self.tier}:{self.reason}"
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,9 @@ class Policy(ABC):
     name: str
 
     @abstractmethod
-    def choose(self, snapshot: PoolSnapshot) -> Decision:
-        """Pick a backend for one more request, given the pool as it is now (before adding it).
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+        """Pick a backend for one more request of service tier `tier`, given the pool as it is now
+        (before adding it).
 
         Pure: reads the snapshot and the policy's beliefs, changes neither.
         """
@@ -63,7 +72,8 @@ class Policy(ABC):
     def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:  # noqa: B027 - static policies keep no state
         """Record a request placed as `decision` says on the pool `snapshot` showed; once per request.
 
-        Called for the policy's own decisions (fallback and failover included), never for forced routes.
+        Called for the policy's own decisions (fallback and failover included), never for forced routes;
+        `decision.tier` is the request's service tier.
         """
 
     def observe(self, completion: Completion) -> None:  # noqa: B027 - static policies learn nothing
@@ -76,9 +86,13 @@ class Policy(ABC):
     def describe(self) -> dict[str, Any]:
         """Policy name, parameters and beliefs, for /admin/status."""
 
+    def tiers(self) -> dict[str, Any] | None:
+        """The service tiers' state (the lane priority traffic keeps), for /admin/status; None: no tiers."""
+        return None
 
-def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None) -> Decision | None:
-    """Decide for one request; None when no backend can serve it.
+
+def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None, tier: Tier = DEFAULT) -> Decision | None:
+    """Decide for one request of service tier `tier`; None when no backend can serve it.
 
     `forced` (the x-specgate-route header, already validated) wins when it can be served: a backend
     name, that backend; `eagle` or `plain` naming no backend, that mode (its least-loaded available
@@ -86,13 +100,14 @@ def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None) -> 
     """
     if forced is not None:
         target = forced_backend(snapshot, forced)
-        return Decision(target, "forced") if target is not None else None
-    decision = policy.choose(snapshot)
+        return Decision(target, "forced", tier) if target is not None else None
+    # Untiered requests ask as before, so a policy written before tiers still works.
+    decision = policy.choose(snapshot) if tier == DEFAULT else policy.choose(snapshot, tier)
     if snapshot.get(decision.backend).available:
-        return decision
+        return replace(decision, tier=tier)
     for other in snapshot.backends:
         if other.available:
-            return Decision(other.name, "fallback_unavailable")
+            return Decision(other.name, "fallback_unavailable", tier)
     return None
 
 
@@ -107,12 +122,12 @@ def forced_backend(snapshot: PoolSnapshot, forced: str) -> str | None:
     return min(mode, key=lambda b: (b.inflight, snapshot.group_inflight(b), b.name)).name
 
 
-def failover(policy: Policy, snapshot: PoolSnapshot, failed: str) -> Decision | None:
+def failover(policy: Policy, snapshot: PoolSnapshot, failed: str, tier: Tier = DEFAULT) -> Decision | None:
     """Where a request goes after `failed` refused its connection (already marked down in `snapshot`).
 
     The policy decides again on the pool as it is now; None when that leaves no other backend.
     """
-    decision = route(policy, snapshot)
+    decision = route(policy, snapshot, tier=tier)
     if decision is None or decision.backend == failed:
         return None
-    return Decision(decision.backend, FAILOVER)
+    return Decision(decision.backend, FAILOVER, tier)

@@ -26,6 +26,7 @@ from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
+from gateway.tiers import admit_tier, echo_json, stream_echo, tier_header
 
 log = logging.getLogger("specgate.proxy")
 
@@ -38,11 +39,12 @@ async def _client_gone(receive: Receive) -> None:
         pass
 
 
-def _headers(backend: str, request_id: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+def _headers(job: ProxyJob, backend: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"content-type", content_type),
         (b"x-specgate-backend", backend.encode()),
-        (b"x-request-id", request_id.encode()),
+        (b"x-request-id", job.request_id.encode()),
+        tier_header(job.tier),
     ]
     return headers + (extra or [])
 
@@ -125,6 +127,7 @@ class ProxyResponse(Response):
                 name = self._slot.backend.name
                 rt.metrics.duration.labels(name).observe(time.monotonic() - job.arrived_at)
             rt.metrics.requests.labels(name, job.endpoint, self._status).inc()
+            rt.metrics.tier_requests.labels(job.tier, self._status).inc()
 
     def _admit(self) -> None:
         """Route the request and take its in-flight slot, or raise the error that says why not."""
@@ -148,8 +151,9 @@ class ProxyResponse(Response):
                 code="overloaded",
                 headers={"Retry-After": "1", "Connection": "close"},
             )
+        admit_tier(job.tier, inflight, rt.inflight_limit, rt.settings.policy.tier_flex_inflight_share)
         snapshot = rt.pool.snapshot()
-        decision = route(rt.policy, snapshot, job.forced)
+        decision = route(rt.policy, snapshot, job.forced, job.tier)
         if decision is None:
             target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
             raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
@@ -166,7 +170,7 @@ class ProxyResponse(Response):
         if self._job.forced is not None:
             return False
         snapshot = rt.pool.snapshot()
-        decision = failover(rt.policy, snapshot, failed)
+        decision = failover(rt.policy, snapshot, failed, self._job.tier)
         if decision is None:
             return False
         slot.move_to(decision.backend)
@@ -175,7 +179,7 @@ class ProxyResponse(Response):
 
     def _placed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
         """The request holds its slot where `decision` says: count it, and tell the policy that chose it."""
-        self._rt.metrics.route_decisions.labels(decision.backend, decision.reason).inc()
+        self._rt.metrics.route_decisions.labels(decision.backend, decision.label).inc()
         if self._job.forced is None:
             self._rt.policy.routed(snapshot, decision)
 
@@ -290,8 +294,9 @@ class ProxyResponse(Response):
             await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
             return
         self._count_usage(name, usage)
+        payload = echo_json(payload, self._job.tier) if self._job.echo_tier else payload
         length = [(b"content-length", str(len(payload)).encode())]
-        headers = _headers(name, self._job.request_id, b"application/json", length)
+        headers = _headers(self._job, name, b"application/json", length)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         rt.metrics.overhead.observe(time.monotonic() - handled_at)
         await send({"type": "http.response.body", "body": payload, "more_body": False})
@@ -308,14 +313,15 @@ class ProxyResponse(Response):
             slot.mark_token(now)
             if first:
                 rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
+                rt.metrics.tier_ttft.labels(job.tier).observe(now - job.arrived_at)
 
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
                 "headers": _headers(
+                    job,
                     backend.name,
-                    job.request_id,
                     job.dialect.stream_content_type,
                     [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
                 ),
@@ -330,6 +336,7 @@ class ProxyResponse(Response):
             idle_timeout=rt.settings.timeouts.idle,
             on_token=on_token,
             on_gap=itl.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
+            **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if result.error_kind is not None:
@@ -342,6 +349,7 @@ class ProxyResponse(Response):
         window = slot.decode_window()
         # A batch's chunks interleave several sequences: its pace says nothing about one sequence's.
         if tokens >= 2 and window is not None and result.first_token_at is not None and slot.weight == 1:
+            rt.metrics.tier_tpot.labels(job.tier).observe(window.seconds / (tokens - 1))
             rt.policy.observe(
                 Completion(
                     backend=backend.name,
@@ -367,7 +375,7 @@ class ProxyResponse(Response):
         await self._send_error(send, OpenAIError(status, message, code=code, type="server_error"))
 
     async def _send_error(self, send: Send, err: OpenAIError) -> None:
-        headers = [(b"content-type", b"application/json"), (b"x-request-id", self._job.request_id.encode())]
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", self._job.request_id.encode()), tier_header(self._job.tier)]
         headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
         if self._slot is not None:
             headers.append((b"x-specgate-backend", self._slot.backend.name.encode()))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialect import OPENAI, Dialect
+from gateway.tiers import DEFAULT, Tier
 
 
 @dataclass
@@ -25,6 +26,8 @@ class ProxyJob:
     weight: int = 1  # sequences it runs upstream: its in-flight count (a batched /generate holds more)
     prepare: Callable[[dict[str, Any], str], None] | None = None  # adjusts the body sent to a backend (by name)
     on_accepted: Callable[[str], None] | None = None  # called with the backend's name once it answered 200
+    tier: Tier = DEFAULT  # the service tier it is served as
+    echo_tier: bool = False  # the client named a tier: the response body says which one it got
 
     @property
     def max_tokens(self) -> int | None:

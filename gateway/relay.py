@@ -76,13 +76,15 @@ async def relay_stream(
     on_token: Callable[[float, bool], None],
     on_gap: Callable[[float], None],
     read: ChunkReader = read_openai_chunk,
+    annotate: Callable[[bytes], bytes] | None = None,
 ) -> StreamResult:
     """Relay every event of `resp` to `send` until [DONE], an error or EOF.
 
     Ends the client's stream cleanly in every case: an upstream failure becomes one SSE error
     event followed by [DONE], never a hang or a silent truncation. Does not send the final empty
     body message; the caller does, after its bookkeeping. `on_token(now, first)` is called for each
-    event that carries generated tokens, `on_gap(seconds)` with the time since the previous one.
+    event that carries generated tokens, `on_gap(seconds)` with the time since the previous one;
+    `annotate`, when given, rewrites each chunk event before it is sent (the service tier's echo).
     `read` tells an event's usage so far and whether it carries tokens (the API's chunk format).
     """
     result = StreamResult()
@@ -137,6 +139,8 @@ async def relay_stream(
             on_token(now, first)
             result.last_token_at = now
             result.token_chunks += 1
+        if annotate is not None:
+            event = annotate(event)
         await send({"type": "http.response.body", "body": event, "more_body": True})
     failure = OpenAIError(502, f"upstream stream failed: {result.error_kind}", code=result.error_kind)
     await send({"type": "http.response.body", "body": failure.sse_event() + DONE, "more_body": True})

@@ -36,6 +36,8 @@ class _Sampling(_Open):
     seed: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # OpenAI's latency class, served as specgate's tier (gateway/tiers.py); not forwarded upstream.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
 
     @property
     def wants_usage(self) -> bool:

@@ -120,7 +120,7 @@ async def run(settings: Settings) -> None:
     sock = _bind(settings.server.host, settings.server.port)
     try:
         if settings.launches_backends:
-            launch = settings.launch
+            launch = settings.planned_launch
             plan = build_plan(launch, eagle_cap=settings.resolved_policy.eagle_cap)
             for warning in plan.warnings:
                 log.warning("launch plan: %s", warning)

@@ -38,6 +38,7 @@ class TargetOptions:
     endpoint: Endpoint = "chat"
     stream: bool = True
     api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every request (e.g. x-specgate-service-tier)
 
 
 class TargetClient:
@@ -50,6 +51,7 @@ class TargetClient:
         self.options = options
         self._url = self.base_url + _PATHS[options.endpoint]
         self._headers = {"Content-Type": "application/json"}
+        self._headers.update(options.headers)
         if options.api_key:
             self._headers["Authorization"] = f"Bearer {options.api_key}"
 

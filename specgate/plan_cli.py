@@ -32,7 +32,7 @@ def plan_command(config_path: Path, as_json: bool, strict: bool) -> None:
     try:
         settings = load_settings(config_path)
         eagle_cap = settings.resolved_policy.eagle_cap
-        plan = build_plan(settings.launch, eagle_cap=eagle_cap)
+        plan = build_plan(settings.planned_launch, eagle_cap=eagle_cap)
     except (FileNotFoundError, ValueError) as exc:  # ValidationError, PlanError, TOMLDecodeError
         raise click.ClickException(str(exc)) from exc
     if as_json:

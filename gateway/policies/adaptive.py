@@ -31,6 +31,8 @@ docs/adaptive.md has the numbers.
 `choose` only reads: what a backend's state will be once `routed` has seen the snapshot (a new
 backend, one back from an outage) is worked out without storing it. `routed` then stores it and
 moves the per-decision counters (decisions since each backend last got a request, a pending probe).
+Service tiers (gateway/policies/tier_rules.py): priority requests are never probes and see the true
+predictions; default and flex see the lane priority traffic keeps; flex goes to plain decode.
 """
 
 from __future__ import annotations
@@ -53,12 +55,15 @@ from gateway.policies.adaptive_state import (
     crossover,
     group_beliefs,
     kind_lines,
+    least_harm,
 )
 from gateway.policies.group_choice import BackendState, TpotLine
 from gateway.policies.group_choice import choose as choose_group
+from gateway.policies.tier_rules import FLEX_PLAIN, TierLane, TierSettings, flex_choice
 from gateway.policies.tpot_fit import EstimatorConfig, TpotEstimator
 from gateway.policy import Completion, Decision, Policy
 from gateway.pool import BackendView, PoolSnapshot
+from gateway.tiers import DEFAULT, FLEX, PRIORITY, Tier
 
 __all__ = ["SPEC_PRIOR", "SPEC_PRIOR_WEIGHT", "AdaptivePolicy"]
 
@@ -76,12 +81,13 @@ class AdaptivePolicy(Policy):
         probe_every: int = 200,
         colocated: bool = False,
         estimator: EstimatorConfig | None = None,
+        tiers: TierSettings | None = None,
     ) -> None:
         """`eagle_cap`: most requests each EAGLE backend gets at once; `slo_tpot`: target seconds per
         token (None: off); `probe_every`: decisions without traffic after which a backend of an
         idle group is probed; `colocated`: the backends share GPUs (a response decoded alongside
         another backend's requests is never learned from); with it off, the snapshot's groups say
-        which backends share GPUs."""
+        which backends share GPUs; `tiers`: the lane priority traffic keeps."""
         if eagle_cap < 1:
             raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
         if probe_every < 1:
@@ -97,10 +103,11 @@ class AdaptivePolicy(Policy):
         self._recent: dict[str, float] = {}  # group -> recent load (EWMA of mean group in-flight)
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._live: Callable[[], PoolSnapshot] | None = None
+        self.lane = TierLane(tiers)
 
     @classmethod
-    def from_config(cls, config: PolicyConfig) -> AdaptivePolicy:
-        """The policy as the `[policy]` table configures it."""
+    def from_config(cls, config: PolicyConfig, tiers: TierSettings | None = None) -> AdaptivePolicy:
+        """The policy as the `[policy]` table configures it (`tiers`: from its `tier_*` keys)."""
         slo = config.adaptive_slo_tpot_ms
         return cls(
             config.adaptive_eagle_cap,
@@ -108,41 +115,50 @@ class AdaptivePolicy(Policy):
             probe_every=config.adaptive_probe_every,
             colocated=bool(config.adaptive_colocated),
             estimator=EstimatorConfig(half_life=config.adaptive_half_life),
+            tiers=tiers,
         )
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
         self._live = snapshot
 
-    def choose(self, snapshot: PoolSnapshot) -> Decision:
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+        name, reason = self._decide(snapshot, tier)
+        return Decision(name, reason, tier)
+
+    def _decide(self, snapshot: PoolSnapshot, tier: Tier) -> tuple[str, str]:
         available = [v for v in snapshot.backends if v.available]
         if len(available) <= 1:
             fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
-            return Decision(fallback[0].name, "adaptive_unavailable")
+            return fallback[0].name, "adaptive_unavailable"
         outlooks = {v.name: self._outlook(v) for v in available}
         kinds = kind_lines(available, outlooks)
         if not all(o.fitted for o in outlooks.values()):
             cold = self._cold(snapshot, available, outlooks, kinds)
             if cold is not None:
-                return cold
-        probe = self._probe(snapshot, available, outlooks)
+                return cold.backend, cold.reason
+        probe = self._probe(snapshot, available, outlooks) if tier != PRIORITY else None
         if probe is not None:
-            return probe
-        states = [self._state(v, outlooks[v.name], kinds) for v in available]
+            return probe.backend, probe.reason
+        states = self.lane.view([self._state(v, outlooks[v.name], kinds) for v in available], tier)
+        flex = flex_choice(states) if tier == FLEX else None
+        if flex is not None:
+            return flex, FLEX_PLAIN
         capped = not all(s.open for s in states)
         if self.slo_tpot is not None and not capped:  # a capped EAGLE: the cap rule decides
-            decision = self._least_harm(snapshot, states)
-            if decision is not None:
-                return decision
+            harm = least_harm(snapshot, states, self.slo_tpot)
+            if harm is not None:
+                return harm
         name, reason = choose_group(states, self._recent)
         if reason == "adaptive_predicted_faster" and capped and self._capped_was_faster(states, name):
             reason = "adaptive_cap"
-        return Decision(name, reason)
+        return name, reason
 
     def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
         """Record per backend its kind, group and whether the group is shared, the decisions since it
         last got a request and a pending probe; per group the last decision placed there (status).
         Tau and the recent loads change only in `observe`."""
-        self._last[snapshot.get(decision.backend).group] = f"{decision.backend}: {decision.reason}"
+        self._last[snapshot.get(decision.backend).group] = f"{decision.backend}: {decision.label}"
+        self.lane.routed(decision.tier)
         sizes = Counter(v.group for v in snapshot.backends)
         for view in snapshot.backends:
             arm = self._sync(view)
@@ -193,6 +209,9 @@ class AdaptivePolicy(Policy):
             "half_life": self.estimator.half_life,
             "beliefs": self.beliefs(),
         }
+
+    def tiers(self) -> dict[str, Any]:
+        return self.lane.describe()
 
     def beliefs(self) -> dict[str, Any]:
         """Fitted lines, predicted TPOT for one more request at the current load, per-group beliefs, the crossover."""
@@ -366,26 +385,6 @@ class AdaptivePolicy(Policy):
 
     def _spec_factor(self, arm: Arm) -> float:
         return self._factor(bool(arm.speculative), arm.estimator.evidence)
-
-    def _least_harm(self, snapshot: PoolSnapshot, states: list[BackendState]) -> Decision | None:
-        """When no backend meets the TPOT target with this request: break it for the fewest requests.
-
-        A backend already over the target (or idle) loses only this request; one still within it
-        loses all its requests plus this one. None while some backend meets the target.
-        """
-        slo = self.slo_tpot
-        assert slo is not None
-        loads = {s.name: snapshot.group_inflight(snapshot.get(s.name)) for s in states}
-        predicted = {s.name: s.line.at(loads[s.name] + 1) for s in states if s.line is not None}
-        if not predicted or min(predicted.values()) <= slo:
-            return None
-
-        def harm(s: BackendState) -> int:
-            assert s.line is not None
-            return 1 if s.inflight == 0 or s.line.at(loads[s.name]) > slo else s.inflight + 1
-
-        best = min((s for s in states if s.line is not None), key=lambda s: (harm(s), predicted[s.name], s.name))
-        return Decision(best.name, "adaptive_slo")
 
 
 def _tighter(cap: int | None, other: int | None) -> int | None:

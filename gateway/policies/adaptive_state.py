@@ -144,3 +144,22 @@ def kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> di
             acc[1] += weight * estimator.alpha
             acc[2] += weight * estimator.beta
     return {kind: (TpotLine(a / w, b / w), w) for kind, (w, a, b) in sums.items()}
+
+
+def least_harm(snapshot: PoolSnapshot, states: Sequence[BackendState], slo: float) -> tuple[str, str] | None:
+    """When no backend meets the TPOT target `slo` with this request: break it for the fewest requests.
+
+    A backend already over the target (or idle) loses only this request; one still within it
+    loses all its requests plus this one. None while some backend meets the target.
+    """
+    loads = {s.name: snapshot.group_inflight(snapshot.get(s.name)) for s in states}
+    predicted = {s.name: s.line.at(loads[s.name] + 1) for s in states if s.line is not None}
+    if not predicted or min(predicted.values()) <= slo:
+        return None
+
+    def harm(s: BackendState) -> int:
+        assert s.line is not None
+        return 1 if s.inflight == 0 or s.line.at(loads[s.name]) > slo else s.inflight + 1
+
+    best = min((s for s in states if s.line is not None), key=lambda s: (harm(s), predicted[s.name], s.name))
+    return best.name, "adaptive_slo"

@@ -1,11 +1,19 @@
-"""The fixed routing rules: `threshold` (total load) and `spill` (EAGLE's own load)."""
+"""The fixed routing rules: `threshold` (total load) and `spill` (EAGLE's own load), with service tiers.
+
+Tiers (gateway/policies/tier_rules.py): a priority request goes to EAGLE while it holds fewer
+than its priority limit (threshold: the larger of the threshold and the lane's slots; spill: its
+cap), a flex request to plain; while priority traffic is present, spill's default traffic stops
+the lane's slots short of its cap. Without priority traffic both rules are exactly as before.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gateway.policies.tier_rules import TierLane, TierSettings, static_choice
 from gateway.policy import Decision, Policy
 from gateway.pool import PoolSnapshot
+from gateway.tiers import DEFAULT, Tier
 
 
 class ThresholdPolicy(Policy):
@@ -13,16 +21,26 @@ class ThresholdPolicy(Policy):
 
     name = "threshold"
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: int, tiers: TierSettings | None = None) -> None:
         self.threshold = threshold
+        self.lane = TierLane(tiers)
 
-    def choose(self, snapshot: PoolSnapshot) -> Decision:
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+        tiered = static_choice(snapshot, tier, max(self.threshold, self.lane.settings.slots))
+        if tiered is not None:
+            return Decision(*tiered, tier)
         if snapshot.total_inflight < self.threshold:
-            return Decision(snapshot.speculative.name, "below_threshold")
-        return Decision(snapshot.plain.name, "at_or_above_threshold")
+            return Decision(snapshot.speculative.name, "below_threshold", tier)
+        return Decision(snapshot.plain.name, "at_or_above_threshold", tier)
+
+    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+        self.lane.routed(decision.tier)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "threshold": self.threshold}
+
+    def tiers(self) -> dict[str, Any]:
+        return self.lane.describe()
 
 
 class SpillPolicy(Policy):
@@ -34,13 +52,24 @@ class SpillPolicy(Policy):
 
     name = "spill"
 
-    def __init__(self, eagle_max_inflight: int) -> None:
+    def __init__(self, eagle_max_inflight: int, tiers: TierSettings | None = None) -> None:
         self.eagle_max_inflight = eagle_max_inflight
+        self.lane = TierLane(tiers)
 
-    def choose(self, snapshot: PoolSnapshot) -> Decision:
-        if snapshot.speculative.inflight < self.eagle_max_inflight:
-            return Decision(snapshot.speculative.name, "eagle_below_cap")
-        return Decision(snapshot.plain.name, "eagle_at_cap")
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+        tiered = static_choice(snapshot, tier, self.eagle_max_inflight)
+        if tiered is not None:
+            return Decision(*tiered, tier)
+        reserved = self.lane.settings.slots if self.lane.active else 0
+        if snapshot.speculative.inflight < self.eagle_max_inflight - reserved:
+            return Decision(snapshot.speculative.name, "eagle_below_cap", tier)
+        return Decision(snapshot.plain.name, "eagle_at_cap", tier)
+
+    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+        self.lane.routed(decision.tier)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "eagle_max_inflight": self.eagle_max_inflight}
+
+    def tiers(self) -> dict[str, Any]:
+        return self.lane.describe()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from backends.plan import build_plan
-from backends.sglang_args import DEPRECATED_FLAGS, REMOVED_FLAGS, flags_in
+from backends.sglang_args import DEPRECATED_FLAGS, PRIORITY_SCHEDULING_FLAG, REMOVED_FLAGS, flags_in
 from gateway.config import load_settings
 
 pytestmark = pytest.mark.sglang
@@ -31,7 +31,7 @@ def _plans() -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for path in sorted(CONFIGS.glob("*.toml")):
         settings = load_settings(path)
-        plan = build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
+        plan = build_plan(settings.planned_launch, eagle_cap=settings.resolved_policy.eagle_cap)
         for process in plan.processes:
             assert process.argv[1:3] == LAUNCHER
             out[f"{path.stem}:{process.name}"] = process.argv[3:]
@@ -142,3 +142,8 @@ def test_the_removed_and_deprecated_flag_tables_match_sglang(parsed: dict[str, A
         assert flag not in parsed["options"], f"{flag} is an option of SGLang again"
     for flag in DEPRECATED_FLAGS:
         assert flag in parsed["options"], f"{flag} is gone from SGLang: move it to REMOVED_FLAGS"
+
+
+def test_priority_scheduling_is_an_exact_option_string(parsed: dict[str, Any]) -> None:
+    # `tier_sglang_priority = true` appends it to both servers' argv (backends/sglang_args.py).
+    assert PRIORITY_SCHEDULING_FLAG in parsed["options"]

@@ -1,0 +1,111 @@
+"""Service tiers: OpenAI's `service_tier` as specgate's latency class.
+
+A request names its tier in the body (`service_tier`, as OpenAI's API does) or, for clients that
+cannot set that field, in the `x-specgate-service-tier` header; the body wins when both are given.
+`auto` and `default` are today's routing; `priority` gets the fastest predicted option and a
+lane on the EAGLE servers that default traffic leaves free while priority traffic is present;
+`flex` goes where it costs the node least (plain decode) and is the first refused under overload.
+The routing rules are in gateway/policies/tier_rules.py; this module holds what the HTTP edge
+needs: the names, reading a request's tier, echoing it in responses, flex's admission and
+SGLang's own `priority` value for each tier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import orjson
+
+from gateway.errors import OpenAIError
+
+Tier = Literal["priority", "default", "flex"]
+PRIORITY: Tier = "priority"
+DEFAULT: Tier = "default"
+FLEX: Tier = "flex"
+TIERS: tuple[Tier, ...] = (PRIORITY, DEFAULT, FLEX)
+
+TIER_FIELD = "service_tier"
+TIER_HEADER = "x-specgate-service-tier"
+# OpenAI's accepted values and the tier each one is served as ("scale" is OpenAI's reserved-capacity
+# tier: specgate has none, so it is served as default, which the echo says).
+_REQUESTED: dict[str, Tier] = {"auto": DEFAULT, "default": DEFAULT, "scale": DEFAULT, "priority": PRIORITY, "flex": FLEX}
+# SGLang's `priority` request field per tier: with --enable-priority-scheduling SGLang runs higher
+# values first (unless started with --schedule-low-priority-values-first).
+SGLANG_PRIORITY: dict[Tier, int] = {PRIORITY: 1, DEFAULT: 0, FLEX: -1}
+
+
+def requested_tier(field: object, header: str | None) -> Tier | None:
+    """The tier a request asks for, from its body field (first) or header; None when it names none.
+
+    An unknown value is a 400 naming the field or header it came from.
+    """
+    if field is not None:
+        return _parse(field, TIER_FIELD)
+    if header is not None:
+        return _parse(header.strip().lower(), TIER_HEADER)
+    return None
+
+
+def _parse(value: object, param: str) -> Tier:
+    tier = _REQUESTED.get(value) if isinstance(value, str) else None
+    if tier is None:
+        raise OpenAIError(
+            400, f"{param} must be one of {', '.join(_REQUESTED)}, got {value!r}", param=param, code="invalid_service_tier"
+        )
+    return tier
+
+
+def flex_admitted(inflight: int, limit: int, share: float) -> bool:
+    """Whether a flex request may start with `inflight` requests held against the gateway's `limit`.
+
+    Flex is refused once the gateway holds `share` of its limit, so the rest is left to the others.
+    """
+    return inflight < max(1, math.floor(share * limit))
+
+
+def admit_tier(tier: Tier, inflight: int, limit: int, flex_share: float) -> None:
+    """Raise the 429 (with Retry-After) that refuses a flex request under `flex_admitted`'s overload."""
+    if tier == FLEX and not flex_admitted(inflight, limit, flex_share):
+        raise OpenAIError(
+            429,
+            "flex requests are refused while the gateway is this busy, retry later",
+            code="overloaded",
+            headers={"Retry-After": "2"},
+        )
+
+
+def tier_header(tier: Tier) -> tuple[bytes, bytes]:
+    """The response header that names the tier served."""
+    return TIER_HEADER.encode(), tier.encode()
+
+
+def echo_json(payload: bytes, tier: Tier) -> bytes:
+    """A JSON response body with `service_tier` set to the tier served (unchanged if not an object)."""
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload
+    if not isinstance(body, dict):
+        return payload
+    body[TIER_FIELD] = tier
+    return orjson.dumps(body)
+
+
+def stream_echo(tier: Tier) -> Callable[[bytes], bytes]:
+    """What puts `"service_tier": tier` in each chunk event of a stream (see `echo_stream_event`)."""
+    field = b'"service_tier":"' + tier.encode() + b'",'
+    return lambda event: echo_stream_event(event, field)
+
+
+def echo_stream_event(event: bytes, field: bytes) -> bytes:
+    """One `data: {...}` SSE event with `field` (a `"key":"value",` member) as its object's first member.
+
+    Splicing the bytes keeps the relay's exact-bytes forwarding (no re-encoding); an event that
+    already names a tier is left as it is.
+    """
+    start = event.find(b"{")
+    if start < 0 or b'"service_tier"' in event or event[start + 1 : start + 2] == b"}":
+        return event
+    return event[: start + 1] + field + event[start + 1 :]
