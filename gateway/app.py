@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from gateway import __version__
 from gateway.auth import AuthMiddleware
 from gateway.errors import install_error_handlers
+from gateway.fast_routes import FastProxyRoutes
 from gateway.limits import BodyLimitMiddleware
 from gateway.openai_routes import router as openai_router
 from gateway.ops_routes import router as ops_router
@@ -32,7 +33,9 @@ def create_app(runtime: Runtime) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(ops_router)
-    # Added last = outermost: the size limit and arrival stamp run before authentication.
+    # Added last = outermost: the size limit and arrival stamp run before authentication, and both
+    # before the proxied routes' fast path, which sits in front of FastAPI's router.
+    app.add_middleware(FastProxyRoutes, runtime=runtime)
     app.add_middleware(AuthMiddleware, security=runtime.settings.security)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.limits.max_body_bytes)
     return app
