@@ -30,7 +30,10 @@ log = logging.getLogger("specgate.health")
 class HealthChecker:
     """Polls every backend and keeps `Backend.health` true to what it sees."""
 
-    def __init__(self, pool: Pool, upstreams: dict[str, UpstreamClient], config: HealthConfig) -> None:
+    def __init__(self, pool: Pool, upstreams: dict[str, UpstreamClient], config: HealthConfig, *, poll: bool = True) -> None:
+        """`poll=False`: a worker of several, which probes only to confirm its own failures; the
+        gateway's one polling checker (in the parent process) shares states through the pool's board."""
+        self._poll = poll
         self._pool = pool
         self._upstreams = upstreams
         self._config = config
@@ -42,6 +45,8 @@ class HealthChecker:
 
     def start(self) -> None:
         """Start one polling task per backend."""
+        if not self._poll:
+            return
         for backend in self._pool:
             self._tasks.append(asyncio.create_task(self._watch(backend), name=f"health-{backend.name}"))
 
@@ -61,6 +66,7 @@ class HealthChecker:
                 self._failures[backend.name] = 0
             log.info("backend %s: %s -> %s%s", backend.name, backend.health.value, health.value, f" ({detail})" if detail else "")
             backend.health = health
+            self._pool.publish_health(backend)
         backend.health_detail = detail
 
     def report_unreachable(self, name: str, detail: str) -> None:
@@ -102,6 +108,7 @@ class HealthChecker:
         next_health = loop.time()  # probe /health first, so a hung server is caught before traffic
         wake = self._wake[backend.name]
         while True:
+            self._pool.sync()  # a worker may have seen it fail
             if backend.health is Health.FAILING or loop.time() >= next_health:
                 await self._probe(backend, "/health", self._config.health_timeout)
                 next_health = loop.time() + self._config.health_interval
@@ -151,4 +158,5 @@ class HealthChecker:
             return False
         backend.model_card = card
         backend.served_model_name = backend.served_model_name or card["id"]
+        self._pool.publish_cards()
         return True

@@ -7,10 +7,12 @@ never drift from the truth.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest, values
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -38,10 +40,10 @@ class _PoolCollector(Collector):
         )
         per_group: dict[str, int] = {}
         for backend in self._pool:
-            inflight.add_metric([backend.name], backend.inflight)
+            inflight.add_metric([backend.name], backend.inflight_total)
             up.add_metric([backend.name], 1.0 if backend.available else 0.0)
             group_info.add_metric([backend.name, backend.group, str(backend.speculative).lower()], 1.0)
-            per_group[backend.group] = per_group.get(backend.group, 0) + backend.inflight
+            per_group[backend.group] = per_group.get(backend.group, 0) + backend.inflight_total
         for group, count in per_group.items():
             group_inflight.add_metric([group], count)
         yield inflight
@@ -83,11 +85,24 @@ class _BudgetCollector(Collector):
 
 
 class GatewayMetrics:
-    """Every metric of one gateway instance, in its own registry."""
+    """Every metric of one gateway instance, in its own registry.
 
-    def __init__(self) -> None:
+    `multiprocess_dir`: the gateway runs several worker processes (and a parent); each process's
+    counters and histograms live in files there (prometheus_client's multiprocess mode) and the
+    exposition sums every process's, so any worker's /metrics shows the whole gateway.
+    """
+
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
         disable_created_metrics()  # `_created` series double the exposition and no dashboard uses them
         self.registry = CollectorRegistry()
+        self._exposed = self.registry
+        if multiprocess_dir is not None:
+            # This process's values go to files there from here on (prometheus_client reads the class
+            # and the directory, a process-wide setting, whenever a series is made).
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiprocess_dir
+            values.ValueClass = values.MultiProcessValue()
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=multiprocess_dir)
         r = self.registry
         self.requests = Counter(
             "specgate_requests", "Finished requests", ["backend", "endpoint", "status"], registry=r
@@ -125,11 +140,11 @@ class GatewayMetrics:
 
     def watch(self, pool: Pool, policy_beliefs: Callable[[], dict[str, Any]]) -> None:
         """Export the pool's gauges and the policy's beliefs, read live at scrape time."""
-        self.registry.register(_PoolCollector(pool, policy_beliefs))
+        self._exposed.register(_PoolCollector(pool, policy_beliefs))
 
     def watch_budget(self, capacity: Callable[[], int], connections: Callable[[], int]) -> None:
         """Export the descriptor budget and the open client connections, read live at scrape time."""
-        self.registry.register(_BudgetCollector(capacity, connections))
+        self._exposed.register(_BudgetCollector(capacity, connections))
 
     def prepare(self, backends: list[str], endpoints: tuple[str, ...]) -> None:
         """Create every per-backend series at zero so dashboards and `rate()` see them from the start."""
@@ -145,4 +160,4 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         """The text exposition format."""
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)

@@ -20,6 +20,7 @@ _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _states(request: Request) -> dict[str, str]:
+    runtime_of(request).pool.sync()
     return {b.name: b.health.value for b in runtime_of(request).pool}
 
 
@@ -27,6 +28,7 @@ def _states(request: Request) -> dict[str, str]:
 async def health(request: Request) -> Response:
     """200 while at least one backend can serve."""
     rt = runtime_of(request)
+    rt.pool.sync()
     if not any(b.available for b in rt.pool):
         raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
     return JSONResponse({"status": "ok", "backends": _states(request)})
@@ -52,6 +54,8 @@ async def metrics(request: Request) -> Response:
 async def admin_status(request: Request) -> dict[str, Any]:
     """The policy and what each backend looks like to the gateway right now."""
     rt = runtime_of(request)
+    rt.catch_up()
+    rt.pool.sync()
     return {
         "policy": rt.policy.describe(),
         "draining": rt.draining,
@@ -67,8 +71,8 @@ async def admin_status(request: Request) -> dict[str, Any]:
                 "state": b.health.value,
                 "detail": b.health_detail,
                 "served_model_name": b.served_model_name,
-                "inflight": b.inflight,
-                "requests_served": b.served,
+                "inflight": b.inflight_total,
+                "requests_served": b.served_total,
             }
             for b in rt.pool
         ],
@@ -81,7 +85,7 @@ def _groups(pool: Pool) -> dict[str, dict[str, Any]]:
     for b in pool:
         entry = groups.setdefault(b.group, {"backends": [], "inflight": 0})
         entry["backends"].append(b.name)
-        entry["inflight"] += b.inflight
+        entry["inflight"] += b.inflight_total
     return groups
 
 
@@ -92,6 +96,7 @@ async def _pass_through(request: Request, path: str, redact: Callable[[bytes], b
     per token rather than per chunk, which is right for either backend behind the gateway.
     """
     rt = runtime_of(request)
+    rt.pool.sync()
     candidates = sorted((b for b in rt.pool if b.available), key=lambda b: not b.speculative)
     if not candidates:
         raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")

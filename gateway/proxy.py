@@ -178,6 +178,7 @@ class ProxyResponse(Response):
                 code="overloaded",
                 headers={"Retry-After": "1", "Connection": "close"},
             )
+        rt.catch_up()  # what the other workers' responses taught the policy
         snapshot = rt.pool.snapshot()
         decision = route(rt.policy, snapshot, job.forced)
         if decision is None:
@@ -370,7 +371,7 @@ class ProxyResponse(Response):
         tokens = int((result.usage or {}).get("completion_tokens") or 0)
         window = slot.decode_window()
         if tokens >= 2 and window is not None and result.first_token_at is not None:
-            rt.policy.observe(
+            rt.learn(
                 Completion(
                     backend=backend.name,
                     output_tokens=tokens,
