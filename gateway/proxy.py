@@ -66,6 +66,11 @@ def _headers(backend: str, request_id: str, content_type: bytes, extra: list[tup
     return headers + (extra or [])
 
 
+async def _client_gone(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 class ProxyResponse(Response):
     """Routes, proxies and relays one chat/completions request."""
 
@@ -76,44 +81,25 @@ class ProxyResponse(Response):
         self._slot: Slot | None = None
         self._status = _CLIENT_GONE
         self._streaming = False  # stream headers sent: an interruption must end it with an error event
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelled_by: str | None = None  # "client_gone" or "interrupt", once one cancelled the exchange
-        self._done = False  # the exchange is over: nothing may cancel the task any more
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The exchange runs in the server's own task for this request; one watcher task cancels it
-        # when the client leaves. (A task for the exchange plus asyncio.wait cost ~25 us a request.)
-        self._task = task = asyncio.current_task()
-        assert task is not None, "an ASGI app runs in a task"
-        base = task.cancelling()
-        watcher = asyncio.create_task(self._watch_client(receive))
-        self._rt.requests.add(self)
+        work = asyncio.create_task(self._serve(send))
+        self._rt.requests.add(work)
+        work.add_done_callback(self._rt.requests.discard)
+        gone = asyncio.create_task(_client_gone(receive))
         try:
-            await self._serve(send)
-        except asyncio.CancelledError:
-            if self._cancelled_by is None or task.uncancel() > base:
-                raise  # cancelled from elsewhere too (the server itself): let it through
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            interrupted = work.cancelled()  # only the runtime cancels it from outside: shutdown
+            if not work.done():
+                self._status = _CLIENT_GONE  # even after a 200 header: the client did not get it all
         finally:
-            self._rt.requests.discard(self)
-            watcher.cancel()
-        if self._cancelled_by == "interrupt":
+            gone.cancel()
+            work.cancel()  # no-op when finished; otherwise the client left or the server is stopping
+            await asyncio.gather(work, gone, return_exceptions=True)
+        if interrupted:
             await self._end_interrupted(send)
-
-    async def _watch_client(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        if not self._done:
-            self._status = _CLIENT_GONE  # even after a 200 header: the client did not get it all
-            self._cancel("client_gone")
-
-    def interrupt(self) -> None:
-        """End the exchange now (shutdown): its client gets an error rather than a cut connection."""
-        self._cancel("interrupt")
-
-    def _cancel(self, why: str) -> None:
-        if self._cancelled_by is None and self._task is not None and not self._done:
-            self._cancelled_by = why
-            self._task.cancel()
+        elif not work.cancelled() and work.exception() is not None:
+            raise work.exception()  # type: ignore[misc]
 
     async def _end_interrupted(self, send: Send) -> None:
         """The gateway stopped before the response ended: say so rather than cut the connection."""
@@ -147,7 +133,6 @@ class ProxyResponse(Response):
             else:
                 await self._relay_body(resp, send)
         finally:
-            self._done = True
             if resp is not None:
                 resp.close()  # closing mid-response is what makes SGLang abort the request
             name = _UNROUTED

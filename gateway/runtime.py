@@ -6,7 +6,8 @@ can build as many independent gateways as it likes.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import asyncio
+from typing import Any
 
 from gateway.config import BackendConfig, Settings
 from gateway.fdbudget import DescriptorBudget, current_budget
@@ -18,12 +19,6 @@ from gateway.pool import Backend, Pool
 from gateway.upstream import UpstreamClient
 
 ENDPOINTS = ("chat", "completions")
-
-
-class Interruptible(Protocol):
-    """A request in progress that shutdown can end (`gateway.proxy.ProxyResponse`)."""
-
-    def interrupt(self) -> None: ...
 
 
 class Runtime:
@@ -68,7 +63,7 @@ class Runtime:
         policy.attach(self.pool.snapshot)
         self.health = HealthChecker(self.pool, self.upstreams, settings.health, poll=poll_health)
         self.draining = False
-        self.requests: set[Interruptible] = set()  # proxied requests in progress, to end them on shutdown
+        self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)
         metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))
@@ -96,8 +91,8 @@ class Runtime:
 
     def interrupt_requests(self) -> None:
         """End every proxied request still in progress, each with an error its client can see."""
-        for request in list(self.requests):
-            request.interrupt()
+        for task in list(self.requests):
+            task.cancel()
 
     def learn(self, completion: Completion) -> None:
         """Teach the policy a finished response; with several workers, every worker's policy learns it."""
