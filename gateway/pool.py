@@ -235,7 +235,10 @@ class Slot:
 
     def mark_token(self, now: float) -> None:
         """A chunk carrying generated tokens arrived at `now` (time.monotonic())."""
-        mark = (now, self.backend.load_area(now), self._pool.group_load_area(self.backend.group, now))
+        backend = self.backend
+        area = backend.load_area(now)
+        group = self._pool.group_load_area(backend.group, now) if self._pool.shares_group(backend) else area
+        mark = (now, area, group)
         if self._first is None:
             self._first = mark
         self._last = mark
@@ -262,6 +265,9 @@ class Pool:
         self._idle.set()
         self._board: LoadBoard | None = None
         self._cards_version = 0
+        self._group_sizes: dict[str, int] = {}
+        for b in backends:
+            self._group_sizes[b.group] = self._group_sizes.get(b.group, 0) + 1
 
     @property
     def board(self) -> LoadBoard | None:
@@ -324,6 +330,10 @@ class Pool:
     def own_inflight(self) -> int:
         """Requests in flight in this process (the same as `total_inflight` with one worker)."""
         return sum(b.inflight for b in self._backends.values())
+
+    def shares_group(self, backend: Backend) -> bool:
+        """True when another backend is in `backend`'s group (else the group's load is the backend's)."""
+        return self._group_sizes.get(backend.group, 1) > 1
 
     def group_load_area(self, group: str, now: float) -> float:
         """Integral of the in-flight count of `group`'s backends from process start to `now`."""
