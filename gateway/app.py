@@ -28,7 +28,14 @@ def create_app(runtime: Runtime) -> FastAPI:
         finally:
             await runtime.stop()
 
-    app = FastAPI(title="specgate", version=__version__, lifespan=lifespan)
+    # FastAPI's native OpenTelemetry checks the global providers (and os.environ) on every request:
+    # 4.5% of the gateway's CPU at C=64 (py-spy). specgate exports Prometheus metrics instead.
+    app = FastAPI(
+        title="specgate",
+        version=__version__,
+        lifespan=lifespan,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     app.state.runtime = runtime
     install_error_handlers(app)
     app.include_router(openai_router)

@@ -86,6 +86,7 @@ async def serve_http(
             http=functools.partial(GatewayHttpProtocol, max_head_bytes=settings.limits.max_header_bytes),
             timeout_graceful_shutdown=2,
             timeout_keep_alive=30,
+            proxy_headers=False,  # no use for X-Forwarded-For; its middleware was ~2% of CPU per request
         )
     )
     runtime.client_connections = server.server_state.connections  # the descriptor budget counts them
