@@ -24,7 +24,15 @@ OUTPUT_TOKENS = 200  # ~4 s at time scale 1: long enough to kill a worker in the
 
 
 def _workers(gateway_pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(gateway_pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    """The gateway's live worker processes (a killed one is a zombie until the parent reaps it)."""
+    found = []
+    for child in psutil.Process(gateway_pid).children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 async def test_a_killed_worker_is_replaced_and_its_counts_cleared(sims: SimFactory) -> None:
