@@ -62,7 +62,7 @@ class Runtime:
             self.pool.attach_board(board)
         policy.attach(self.pool.snapshot)
         self.health = HealthChecker(self.pool, self.upstreams, settings.health, poll=poll_health)
-        self.draining = False
+        self._draining = False
         self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)
@@ -79,6 +79,15 @@ class Runtime:
         await self.health.stop()
         for upstream in self.upstreams.values():
             await upstream.close()
+
+    @property
+    def draining(self) -> bool:
+        """True once this process, or with several workers the gateway's parent, began shutting down."""
+        return self._draining or (self.pool.board is not None and self.pool.board.draining)
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
 
     @property
     def inflight_limit(self) -> int:
@@ -130,8 +139,6 @@ class Runtime:
     def serving(self) -> bool:
         """True when a new request could be routed somewhere."""
         self.pool.sync()
-        if self.pool.board is not None and self.pool.board.draining:
-            return False
         return not self.draining and any(b.available for b in self.pool)
 
 
