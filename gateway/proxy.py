@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import OpenAIError, upstream_error
 from gateway.local_errors import local_kind
+from gateway.metrics import GapBuffer
 from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.relay import DONE, relay_stream
@@ -321,7 +322,7 @@ class ProxyResponse(Response):
         slot = self._slot
         assert slot is not None
         backend = slot.backend
-        itl = rt.metrics.itl.labels(backend.name)
+        gaps = GapBuffer(rt.metrics.itl.labels(backend.name))  # ITL, added to the histogram once per stream
 
         def on_token(now: float, first: bool) -> None:
             slot.mark_token(now)
@@ -342,14 +343,17 @@ class ProxyResponse(Response):
         )
         self._status = "200"
         self._streaming = True
-        result = await relay_stream(
-            resp,
-            send,
-            strip_usage=not job.client_wants_usage,
-            idle_timeout=rt.settings.timeouts.idle,
-            on_token=on_token,
-            on_gap=itl.observe,
-        )
+        try:
+            result = await relay_stream(
+                resp,
+                send,
+                strip_usage=not job.client_wants_usage,
+                idle_timeout=rt.settings.timeouts.idle,
+                on_token=on_token,
+                on_gap=gaps.observe,
+            )
+        finally:
+            gaps.flush()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if result.error_kind is not None:
             rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
