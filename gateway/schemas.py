@@ -131,7 +131,9 @@ def surely_valid(endpoint: str, body: Any) -> bool:
             and all(_message_ok(m) for m in messages)
             and _int(body.get("max_completion_tokens"), 0)
         )
-    return "prompt" in body and _prompt_ok(body["prompt"])
+    if endpoint == "completions":
+        return "prompt" in body and _prompt_ok(body["prompt"])
+    return False  # an endpoint without a quick check always takes the full route
 
 
 def wants_usage(body: dict[str, Any]) -> bool:
