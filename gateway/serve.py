@@ -2,7 +2,9 @@
 
 Shutdown order on SIGTERM or Ctrl-C: stop admitting (new requests get 503 and /ready turns 503),
 let in-flight requests finish for up to `server.drain_timeout`, stop the HTTP server, then stop
-the backends this process started. A second signal skips the drain.
+the backends this process started. A second signal skips the drain. With `server.workers` > 1 the
+HTTP server runs in that many worker processes on the socket bound here (gateway/workers.py), each
+draining its own requests, and this process keeps the backends and the health checks.
 """
 
 from __future__ import annotations
@@ -71,11 +73,11 @@ async def run(settings: Settings) -> None:
     policy = make_policy(settings.resolved_policy)
     workers = settings.resolved_workers
     # Several workers: every process's counters go to files there, summed at each scrape.
-    metrics_dir = tempfile.mkdtemp(prefix="specgate-metrics-") if workers > 1 else None
-    metrics = GatewayMetrics(metrics_dir)
     backends = settings.grouped_backends
     supervisor: Supervisor | None = None
     sock = _bind(settings.server.host, settings.server.port)
+    metrics_dir = tempfile.mkdtemp(prefix="specgate-metrics-") if workers > 1 else None
+    metrics = GatewayMetrics(metrics_dir)
     try:
         if settings.launches_backends:
             launch = settings.launch
