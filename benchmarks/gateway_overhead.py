@@ -1,10 +1,19 @@
-"""Benchmark: latency the gateway adds over calling the backend directly.
+"""Benchmark: what a gateway costs over calling the backend directly; specgate beside nginx and SMG.
 
-One stamping SSE source (benchmarks/sse_source.py) serves as both backends; the same load is sent
-to it directly and through `specgate serve`, in alternating rounds within one run. Non-streaming:
-request transit p50/p99 (stamped, see `_non_stream`), gateway minus direct. Streaming: per-chunk delivery latency (arrival minus
-the sender's CLOCK_MONOTONIC stamp, comparable across processes), gateway minus direct. Source,
-gateway and this client are three processes sharing the machine's 2 cores.
+One Python aiohttp upstream (benchmarks/sse_source.py --lockstep --instant) answers non-streamed
+requests at once and streams a chunk every `--step` to all open streams in lockstep, like a batched
+decode step. In ONE run the same load goes to it directly, through nginx (Debian's package, one
+worker process, keep-alive upstream, no buffering), through SMG (`smg launch ... --policy
+round_robin`, from PyPI; `--smg` names its binary) and through `specgate serve` (threshold policy)
+with 1 and with N workers:
+
+- non-streamed: wrk at C=1 and C=64 (latency p50/p99 and req/s); added = target minus direct;
+- streamed: 256 concurrent streams of 64 chunks from an aiohttp client in this process; chunk lag
+  is arrival minus the sender's CLOCK_MONOTONIC stamp (comparable across processes);
+- CPU: the proxy's processes (with their children) user+system time during each load, per request
+  or per relayed chunk.
+
+Everything shares the machine's cores, so compare within one run, as ratios.
 
     python benchmarks/gateway_overhead.py --out docs/benchmarks/gateway-overhead.md
 """
@@ -13,10 +22,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
+import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -26,8 +40,60 @@ import uvloop
 
 from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready_blocking
-from backends.testbed import GatewayProcess, start_gateway
+from backends.testbed import start_gateway
 from benchmarks.output import publish
+
+BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+STREAMS, CHUNKS = 256, 64
+_WRK_LUA = 'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n'
+_NGINX = """worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  upstream src {{ server 127.0.0.1:{src}; keepalive 512; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=2048;
+    location / {{
+      proxy_pass http://src;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+@dataclass
+class Measured:
+    """One target's numbers."""
+
+    name: str
+    lat: dict[int, tuple[float, float]] = field(default_factory=dict)  # concurrency -> (p50, p99) seconds
+    rps: float = 0.0  # at C=64
+    cpu_per_request: float | None = None
+    cpu_per_chunk: float | None = None
+    chunks_per_cpu_second: float | None = None
+    lag_p99: float = 0.0
+    errors: int = 0
+
+
+def _wait_http(base: str, timeout: float) -> None:
+    """Until `base`/v1/models answers 200 (nginx passes it to the upstream; SMG serves it itself)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/v1/models", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base} not ready after {timeout:g} s")
+        time.sleep(0.2)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -35,126 +101,182 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-async def _non_stream(session: aiohttp.ClientSession, url: str, concurrency: int, requests: int) -> list[float]:
-    """Transit time of each request: client to source plus response to client, both stamped with
-    the shared monotonic clock, so the source's modelled wait for its tokens (and its timer jitter,
-    which is larger than the gateway's hop) is not part of it."""
-    latencies: list[float] = []
-    remaining = requests
-    # 5..15 tokens: real completions end at different times; identical ones would all finish in
-    # the same instant and arrive back as one burst of `concurrency` requests, every round.
-    lengths = random.Random(requests)
+def _cpu(pids: list[int]) -> float:
+    """User+system seconds of these processes and all their descendants (live ones)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in (root, *root.children(recursive=True)):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            body = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "x"}],
-                                 "max_tokens": lengths.randint(5, 15), "client_ts": time.monotonic()})
+
+def _seconds(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[unit]
+
+
+def _wrk(url: str, connections: int, seconds: float, script: Path) -> tuple[float, float, float, int, int]:
+    """(p50, p99, req/s, requests, errors) of wrk POSTing to `url`."""
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    p50 = _seconds(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _seconds(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = int(bad.group(1)) if bad else 0
+    errors += sum(int(g) for g in socket_errors.groups()) if socket_errors else 0
+    return p50, p99, rps, requests, errors
+
+
+async def _streams(url: str) -> tuple[list[float], int]:
+    """Chunk lags of STREAMS concurrent streams of CHUNKS chunks, and the chunks relayed."""
+    body = orjson.dumps({**BODY, "max_tokens": CHUNKS, "stream": True})
+    lags: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> None:
             async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
-                raw = await resp.read()
                 assert resp.status == 200, resp.status
-            answer = orjson.loads(raw)
-            latencies.append(answer["inbound"] + time.monotonic() - answer["ts"])
+                while event := await resp.content.readuntil(b"\n\n"):
+                    payload = event[5:].strip()
+                    if payload != b"[DONE]":
+                        lags.append(time.monotonic() - orjson.loads(payload)["ts"])
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies
-
-
-async def _stream(session: aiohttp.ClientSession, url: str, concurrency: int, chunks: int) -> list[float]:
-    body = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": chunks, "stream": True})
-    delays: list[float] = []
-
-    async def one() -> None:
-        async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
-            assert resp.status == 200, resp.status
-            while event := await resp.content.readuntil(b"\n\n"):
-                payload = event[5:].strip()
-                if payload != b"[DONE]":
-                    delays.append(time.monotonic() - orjson.loads(payload)["ts"])
-
-    await asyncio.gather(*(one() for _ in range(concurrency)))
-    return delays
+        await asyncio.gather(*(one() for _ in range(STREAMS)))
+    return lags, len(lags)
 
 
-async def bench(
-    direct: str, gateway: str, rounds: int, gateway_process: psutil.Process
-) -> list[tuple[str, int, dict[str, list[float]], float]]:
-    """Per scenario: the samples of both paths and the gateway's CPU seconds per sample."""
-    scenarios = [("non-streaming request", 1, 100), ("non-streaming request", 256, 1536), ("streamed chunk", 1, 200), ("streamed chunk", 256, 40)]
-    out = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
-        for kind, conc, size in scenarios:
-            samples: dict[str, list[float]] = {"direct": [], "gateway": []}
-            cpu = 0.0
-            for _ in range(rounds):
-                for name, base in (("direct", direct), ("gateway", gateway)):
-                    url = base + "/v1/chat/completions"
-                    before = gateway_process.cpu_times()
-                    if kind.startswith("non"):
-                        samples[name] += await _non_stream(session, url, conc, size)
-                    else:
-                        samples[name] += await _stream(session, url, conc, size)
-                    if name == "gateway":
-                        after = gateway_process.cpu_times()
-                        cpu += after.user + after.system - before.user - before.system
-            out.append((kind, conc, samples, cpu / len(samples["gateway"])))
-    return out
+def measure(name: str, base: str, pids: list[int], seconds: float, script: Path) -> Measured:
+    """Non-streamed latency at C=1 and C=64, then the streams, against one target."""
+    url = base + "/v1/chat/completions"
+    m = Measured(name)
+    _wrk(url, 8, 1.0, script)  # warm: connections, pools, caches
+    p50, p99, _, _, errors = _wrk(url, 1, seconds, script)
+    m.lat[1] = (p50, p99)
+    before = _cpu(pids)
+    p50, p99, m.rps, requests, more = _wrk(url, 64, seconds, script)
+    m.lat[64] = (p50, p99)
+    m.errors = errors + more
+    if pids:
+        m.cpu_per_request = (_cpu(pids) - before) / max(requests, 1)
+    before = _cpu(pids)
+    lags, chunks = uvloop.run(_streams(url))
+    if pids:
+        spent = _cpu(pids) - before
+        m.cpu_per_chunk = spent / chunks
+        m.chunks_per_cpu_second = chunks / spent if spent > 0 else None
+    m.lag_p99 = _pct(lags, 0.99)
+    return m
+
+
+def _specgate_config(tmp: Path, src: str, workers: int) -> Path:
+    config = tmp / f"specgate-{workers}.toml"
+    backends = "".join(
+        f'[[backends]]\nname = "{n}"\nurl = "{src}"\nspeculative = {s}\n' for n, s in (("eagle", "true"), ("plain", "false"))
+    )
+    config.write_text(f'[server]\nlog_level = "warning"\nworkers = {workers}\n[policy]\nname = "threshold"\n{backends}')
+    return config
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def _us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:.0f}"
+
+
+def report(results: list[Measured], args: argparse.Namespace, cores: int) -> str:
+    direct = results[0]
+    lines = [
+        "# Gateway overhead: specgate beside nginx and SMG, against the same upstream, in one run",
+        "",
+        f"Command: `python benchmarks/{Path(__file__).name} --seconds {args.seconds:g} --step {args.step:g}`",
+        "",
+        f"Upstream: benchmarks/sse_source.py (aiohttp, one process) answering non-streamed requests at once and "
+        f"streaming a chunk every {args.step * 1e3:g} ms to all open streams in lockstep. Non-streamed: wrk, "
+        f"{args.seconds:g} s at C=1 and at C=64. Streamed: {STREAMS} concurrent streams of {CHUNKS} chunks from an "
+        "aiohttp client; chunk lag = arrival minus the sender's monotonic stamp. CPU: the proxy's processes "
+        f"(children included) per request at C=64 and per relayed chunk. {cores} cores shared by the upstream, "
+        "the proxy, the clients and whatever else runs on the machine: compare within the run.",
+        "",
+        "| target | added p50 C=1 (ms) | added p99 C=1 (ms) | added p50 C=64 (ms) | added p99 C=64 (ms) | req/s C=64 "
+        "| CPU per request (µs) | CPU per chunk (µs) | chunks/s per core of proxy CPU | chunk lag p99, 256 streams (ms) | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in results:
+        added = [m.lat[c][i] - direct.lat[c][i] for c in (1, 64) for i in (0, 1)]
+        cells = ["-"] * 4 if m is direct else [f"{a * 1e3:+.2f}" for a in added]
+        per_core = "-" if m.chunks_per_cpu_second is None else f"{m.chunks_per_cpu_second:,.0f}"
+        lines.append(
+            f"| {m.name} | {' | '.join(cells)} | {m.rps:,.0f} | {_us(m.cpu_per_request)} | {_us(m.cpu_per_chunk)} "
+            f"| {per_core} | {_ms(m.lag_p99)} | {m.errors} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--step", type=float, default=0.05, help="source: seconds between chunks of one stream")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--step", type=float, default=0.02, help="source: seconds between chunks of every stream")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
+    parser.add_argument("--smg", default=shutil.which("smg") or "/tmp/smgvenv/bin/smg", help="SMG's binary")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="specgate's N workers")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
     src_port = free_loopback_port()
-    src_url = f"http://127.0.0.1:{src_port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "gw.toml"
-        backends = "".join(
-            f'[[backends]]\nname = "{n}"\nurl = "{src_url}"\nspeculative = {s}\n' for n, s in (("eagle", "true"), ("plain", "false"))
-        )
-        config.write_text(f"[server]\nlog_level = \"warning\"\n{backends}")
+    src = f"http://127.0.0.1:{src_port}"
+    results: list[Measured] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        script = tmp / "post.lua"
+        script.write_text(_WRK_LUA.format(body=orjson.dumps(BODY).decode()))
         source = Child("sse-source", [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(src_port),
-                                      "--step", str(args.step)], log_path=Path(tmp) / "source.log")
-        gateway: GatewayProcess | None = None
+                                      "--step", str(args.step), "--lockstep", "--instant"], log_path=tmp / "source.log")
         source.start()
         try:
-            wait_until_ready_blocking(src_url, source, 30)
-            gateway = start_gateway(config=config)
-            results = uvloop.run(bench(src_url, gateway.url, args.rounds, psutil.Process(gateway.proc.pid)))
+            wait_until_ready_blocking(src, source, 30)
+            results.append(measure("direct (no proxy)", src, [], args.seconds, script))
+            nginx_port = free_loopback_port()
+            (tmp / "nginx.conf").write_text(_NGINX.format(tmp=tmp, src=src_port, port=nginx_port))
+            nginx = subprocess.Popen(["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"])
+            try:
+                _wait_http(f"http://127.0.0.1:{nginx_port}", 30)
+                results.append(measure("nginx (C, 1 worker process)", f"http://127.0.0.1:{nginx_port}", [nginx.pid], args.seconds, script))
+            finally:
+                nginx.terminate()
+                nginx.wait(10)
+            smg_port = free_loopback_port()
+            smg = subprocess.Popen(
+                [args.smg, "launch", "--worker-urls", src, "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(smg_port),
+                 "--log-level", "error", "--disable-tokenizer-autoload", "--prometheus-port", str(free_loopback_port())],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            try:
+                _wait_http(f"http://127.0.0.1:{smg_port}", 60)
+                results.append(measure("SMG (Rust, round_robin)", f"http://127.0.0.1:{smg_port}", [smg.pid], args.seconds, script))
+            finally:
+                smg.terminate()
+                smg.wait(10)
+            for workers in sorted({1, args.workers}):
+                gateway = start_gateway(config=_specgate_config(tmp, src, workers))
+                try:
+                    name = f"specgate, {workers} worker{'s' if workers > 1 else ''} (threshold)"
+                    results.append(measure(name, gateway.url, [gateway.proc.pid], args.seconds, script))
+                finally:
+                    gateway.stop()
         finally:
-            if gateway is not None:
-                gateway.stop()
             source.stop_blocking(grace=10)
-    lines = [
-        "# Gateway overhead: added latency versus calling the backend directly",
-        "",
-        f"Command: `python benchmarks/{Path(__file__).name} --step {args.step} --rounds {args.rounds}`",
-        "",
-        "Source: benchmarks/sse_source.py (chunks every "
-        f"{args.step * 1e3:g} ms per stream, stamped with the sender's monotonic clock); gateway: `specgate serve` "
-        "with both backends pointing at the source; client: aiohttp in a third process. Direct and gateway rounds "
-        f"alternate ({args.rounds} rounds each). Added = gateway minus direct at the same percentile.",
-        "",
-        "Non-streaming latency is the request's transit (client to source, plus the response back), "
-        "stamped with the shared monotonic clock, so the source's wait for its 5-15 tokens is not in it. "
-        "Gateway CPU is the gateway process's user+system time during its rounds, per sample (per request, or "
-        "per chunk for streams, including the request's own share).",
-        "",
-        "| measured | concurrency | direct p50 (ms) | gateway p50 (ms) | added p50 (ms) | direct p99 (ms) | gateway p99 (ms) | added p99 (ms) | gateway CPU per sample (µs) | samples |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for kind, conc, s, cpu in results:
-        d50, g50 = _pct(s["direct"], 0.5) * 1e3, _pct(s["gateway"], 0.5) * 1e3
-        d99, g99 = _pct(s["direct"], 0.99) * 1e3, _pct(s["gateway"], 0.99) * 1e3
-        lines.append(
-            f"| {kind} | {conc} | {d50:.2f} | {g50:.2f} | {g50 - d50:.2f} | {d99:.2f} | {g99:.2f} | {g99 - d99:.2f} "
-            f"| {cpu * 1e6:.0f} | {len(s['gateway'])} |"
-        )
-    text = "\n".join(lines) + "\n"
-    publish(text, args.out)
+    publish(report(results, args, cores), args.out)
 
 
 if __name__ == "__main__":

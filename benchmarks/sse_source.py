@@ -9,6 +9,7 @@ long each chunk took to reach it, directly or through the gateway.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -33,8 +34,12 @@ def _chunk(rid: str, index: int, finish: str | None) -> bytes:
 class StampingSource:
     """aiohttp app: POST /v1/chat/completions streams `max_tokens` chunks, one per `step` seconds."""
 
-    def __init__(self, step: float) -> None:
+    def __init__(self, step: float, *, lockstep: bool = False, instant: bool = False) -> None:
+        """`lockstep`: every stream's chunk goes out at the same instants (multiples of `step`), as a
+        batched decode step does; `instant`: non-streamed requests are answered at once."""
         self.step = step
+        self.lockstep = lockstep
+        self.instant = instant
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_get("/ready", self._ok)
@@ -68,7 +73,8 @@ class StampingSource:
         n = int(req.get("max_tokens", 16))
         rid = str(req.get("rid", "r"))
         if not req.get("stream"):
-            await asyncio.sleep(self.step * n)
+            if not self.instant:
+                await asyncio.sleep(self.step * n)
             usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
             return web.json_response(
                 {"id": rid, "object": "chat.completion", "model": MODEL, "ts": time.monotonic(), "inbound": inbound,
@@ -81,7 +87,7 @@ class StampingSource:
         loop = asyncio.get_running_loop()
         deadline = loop.time()
         for i in range(n):
-            deadline += self.step
+            deadline = (math.floor(loop.time() / self.step) + 1) * self.step if self.lockstep else deadline + self.step
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             await resp.write(_chunk(rid, i, None))
         await resp.write(_chunk(rid, n, "length"))
@@ -101,10 +107,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--step", type=float, default=0.02)
+    parser.add_argument("--lockstep", action="store_true", help="all streams' chunks at the same instants")
+    parser.add_argument("--instant", action="store_true", help="answer non-streamed requests at once")
     args = parser.parse_args()
 
     async def serve() -> None:
-        source = StampingSource(args.step)
+        source = StampingSource(args.step, lockstep=args.lockstep, instant=args.instant)
         await source.start(args.port)
         print("ready", flush=True)
         await asyncio.Event().wait()

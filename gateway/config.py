@@ -10,6 +10,7 @@ simulated servers), so `specgate serve` with no file at all is a complete demo.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ EAGLE = "eagle"
 PLAIN = "plain"
 PAIR_POLICIES = ("threshold", "spill")  # the fixed rules: one EAGLE + plain pair only
 COLOCATED_GROUP = "colocated"  # the one group of external backends declared co-located by the policy flag
+MAX_AUTO_WORKERS = 8  # beyond this the shared accept queue and the backends, not the relay, are the limit
 
 
 class _Section(BaseModel):
@@ -39,6 +41,13 @@ class ServerConfig(_Section):
     port: int = 8000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     drain_timeout: float = Field(default=30.0, description="seconds in-flight requests get on shutdown")
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="worker processes sharing the listening socket; unset: one per available core, at most 8; "
+        "1: a single process",
+    )
     model_name: str | None = Field(
         default=None, description="model id clients use; the backends' served name when unset"
     )
@@ -233,6 +242,13 @@ class Settings(BaseSettings):
             b if b.group is not None else b.model_copy(update={"group": COLOCATED_GROUP if one_group else b.name})
             for b in self.backends
         ]
+
+    @property
+    def resolved_workers(self) -> int:
+        """`server.workers`, or one per core this process may run on, at most `MAX_AUTO_WORKERS`."""
+        if self.server.workers is not None:
+            return self.server.workers
+        return max(1, min(len(os.sched_getaffinity(0)), MAX_AUTO_WORKERS))
 
     @property
     def launches_backends(self) -> bool:

@@ -30,6 +30,13 @@ def parse_engine_load(body: Any) -> EngineLoad | None:
     )
 
 
+def engine_load_json(load: EngineLoad | None) -> dict[str, Any] | None:
+    """`load` as the `/v1/loads` JSON it was parsed from (for the board); None for None."""
+    if load is None:
+        return None
+    return {"version": load.version, "accelerator": load.accelerator, "num_accelerators": load.num_accelerators, "loads": list(load.ranks)}
+
+
 def as_int(value: Any) -> int:
     """A reported count as an int; 0 when it is missing or not a number."""
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0

@@ -33,7 +33,10 @@ log = logging.getLogger("specgate.health")
 class HealthChecker:
     """Polls every backend and keeps `Backend.health` true to what it sees."""
 
-    def __init__(self, pool: Pool, upstreams: dict[str, UpstreamClient], config: HealthConfig) -> None:
+    def __init__(self, pool: Pool, upstreams: dict[str, UpstreamClient], config: HealthConfig, *, poll: bool = True) -> None:
+        """`poll=False`: a worker of several, which probes only to confirm its own failures; the
+        gateway's one polling checker (in the parent process) shares states through the pool's board."""
+        self._poll = poll
         self._pool = pool
         self._upstreams = upstreams
         self._config = config
@@ -45,6 +48,8 @@ class HealthChecker:
 
     def start(self) -> None:
         """Start one polling task per backend."""
+        if not self._poll:
+            return
         for backend in self._pool:
             self._tasks.append(asyncio.create_task(self._watch(backend), name=f"health-{backend.name}"))
             self._tasks.append(asyncio.create_task(self._watch_load(backend), name=f"load-{backend.name}"))
@@ -65,9 +70,10 @@ class HealthChecker:
                 self._failures[backend.name] = 0
             log.info("backend %s: %s -> %s%s", backend.name, backend.health.value, health.value, f" ({detail})" if detail else "")
             backend.health = health
-            if health is not Health.READY:
-                backend.engine_load = None  # figures of a backend out of routing are stale
-                backend.kv_cap = None
+            self._pool.publish_health(backend)
+            if health is not Health.READY and (backend.engine_load is not None or backend.kv_cap is not None):
+                backend.engine_load, backend.kv_cap = None, None  # figures of a backend out of routing are stale
+                self._pool.publish_loads()
         backend.health_detail = detail
 
     def report_unreachable(self, name: str, detail: str) -> None:
@@ -109,6 +115,7 @@ class HealthChecker:
         next_health = loop.time()  # probe /health first, so a hung server is caught before traffic
         wake = self._wake[backend.name]
         while True:
+            self._pool.sync()  # a worker may have seen it fail
             if backend.health is Health.FAILING or loop.time() >= next_health:
                 await self._probe(backend, "/health", self._config.health_timeout)
                 next_health = loop.time() + self._config.health_interval
@@ -151,6 +158,7 @@ class HealthChecker:
                 load = await self._engine_load(backend)
                 backend.engine_load = load if backend.available else None
                 backend.kv_cap = kv_bound_cap(backend.kv_cap, backend.engine_load)
+                self._pool.publish_loads()
             await asyncio.sleep(self._config.ready_interval)
 
     async def _engine_load(self, backend: Backend) -> EngineLoad | None:
@@ -176,4 +184,5 @@ class HealthChecker:
             return False
         backend.model_card = card
         backend.served_model_name = backend.served_model_name or card["id"]
+        self._pool.publish_cards()
         return True

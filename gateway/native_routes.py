@@ -82,7 +82,7 @@ async def generate(request: Request) -> Response:
 
 
 def _ready(rt: Runtime) -> list[Backend]:
-    backends = sorted((b for b in rt.pool if b.available), key=lambda b: b.inflight)
+    backends = sorted((b for b in rt.pool if b.available), key=lambda b: b.inflight_total)
     if not backends:
         raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
     return backends

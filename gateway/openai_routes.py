@@ -93,6 +93,7 @@ def forced_route(rt: Runtime, request: Request) -> str | None:
 
 
 def _cards(rt: Runtime) -> list[dict[str, Any]]:
+    rt.pool.sync()
     backend = next((b for b in rt.pool if b.model_card is not None), None)
     if backend is None:
         raise OpenAIError(503, "no backend has reported its model yet", code="no_backend_available", type="server_error")

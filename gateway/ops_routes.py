@@ -21,6 +21,7 @@ _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _states(request: Request) -> dict[str, str]:
+    runtime_of(request).pool.sync()
     return {b.name: b.health.value for b in runtime_of(request).pool}
 
 
@@ -28,6 +29,7 @@ def _states(request: Request) -> dict[str, str]:
 async def health(request: Request) -> Response:
     """200 while at least one backend can serve."""
     rt = runtime_of(request)
+    rt.pool.sync()
     if not any(b.available for b in rt.pool):
         raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
     return JSONResponse({"status": "ok", "backends": _states(request)})
@@ -56,7 +58,9 @@ async def v1_loads(request: Request, dp_rank: int | None = None, include: str | 
     if sections is not None and not sections <= SECTIONS:
         unknown = ", ".join(sorted(sections - SECTIONS))
         raise OpenAIError(400, f"invalid include sections: {unknown}; valid: {', '.join(sorted(SECTIONS))}", param="include")
-    body = node_loads(runtime_of(request).pool, sections, dp_rank)
+    pool = runtime_of(request).pool
+    pool.sync()  # with several workers: the health checker's latest engine figures
+    body = node_loads(pool, sections, dp_rank)
     if format == "prometheus":
         return Response(loads_prometheus(body), media_type=_PROMETHEUS_TEXT)
     return JSONResponse(body)
@@ -66,6 +70,8 @@ async def v1_loads(request: Request, dp_rank: int | None = None, include: str | 
 async def admin_status(request: Request) -> dict[str, Any]:
     """The policy and what each backend looks like to the gateway right now."""
     rt = runtime_of(request)
+    rt.catch_up()
+    rt.pool.sync()
     return {
         "policy": rt.policy.describe(),
         "tiers": {
@@ -86,8 +92,8 @@ async def admin_status(request: Request) -> dict[str, Any]:
                 "state": b.health.value,
                 "detail": b.health_detail,
                 "served_model_name": b.served_model_name,
-                "inflight": b.inflight,
-                "requests_served": b.served,
+                "inflight": b.inflight_total,
+                "requests_served": b.served_total,
             }
             for b in rt.pool
         ],
@@ -100,7 +106,7 @@ def _groups(pool: Pool) -> dict[str, dict[str, Any]]:
     for b in pool:
         entry = groups.setdefault(b.group, {"backends": [], "inflight": 0})
         entry["backends"].append(b.name)
-        entry["inflight"] += b.inflight
+        entry["inflight"] += b.inflight_total
     return groups
 
 
@@ -111,6 +117,7 @@ async def _pass_through(request: Request, path: str, redact: Callable[[bytes], b
     per token rather than per chunk, which is right for either backend behind the gateway.
     """
     rt = runtime_of(request)
+    rt.pool.sync()
     candidates = sorted((b for b in rt.pool if b.available), key=lambda b: not b.speculative)
     if not candidates:
         raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")

@@ -17,9 +17,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+
+import orjson
 from dataclasses import dataclass, field
 
-from gateway.engine_load import EngineLoad
+from gateway.board import AREA, CHUNKS, EXPECTED, INFLIGHT, SERVED, SINCE, LoadBoard
+from gateway.engine_load import EngineLoad, engine_load_json, parse_engine_load
 
 OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
 
@@ -32,6 +35,9 @@ class Health(enum.Enum):
     UNREADY = "unready"  # answers 503: warming up, draining or unhealthy
     DOWN = "down"  # connection refused or reset
     FAILING = "failing"  # timed out on real traffic; only a passing /health brings it back
+
+
+_STATES = list(Health)  # a health state's code on the board is its index here
 
 
 @dataclass(frozen=True)
@@ -115,23 +121,60 @@ class Backend:
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
     _load_since: float = field(default_factory=time.monotonic)
+    # With several workers: the shared board, where this worker publishes its numbers and reads the
+    # gateway's (the fields above are then this worker's share; the `*_total` properties the sums).
+    board: LoadBoard | None = None
+    index: int = 0  # this backend's column on the board
 
     def __post_init__(self) -> None:
         self.group = self.group or self.name
+
+    @property
+    def inflight_total(self) -> int:
+        """Requests in flight on this backend across the whole gateway (every worker)."""
+        return self.inflight if self.board is None else int(self.board.total(self.index, INFLIGHT))
+
+    @property
+    def served_total(self) -> int:
+        return self.served if self.board is None else int(self.board.total(self.index, SERVED))
+
+    def _add(self, expected: float = 0.0, chunks: int = 0) -> None:
+        self.expected_tokens += expected
+        self.relayed_chunks += chunks
+        if self.board is not None:
+            self.board.write(self.index, EXPECTED, self.expected_tokens)
+            self.board.write(self.index, CHUNKS, self.relayed_chunks)
+
+    def _view(self) -> BackendView:
+        board, i = self.board, self.index
+        if board is None:
+            inflight, expected, chunks = self.inflight, self.expected_tokens, self.relayed_chunks
+        else:
+            inflight, expected, chunks = int(board.total(i, INFLIGHT)), board.total(i, EXPECTED), int(board.total(i, CHUNKS))
+        return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks, self.kv_cap)
 
     @property
     def available(self) -> bool:
         return self.health is Health.READY
 
     def load_area(self, now: float) -> float:
-        """Integral of the in-flight count from process start to `now` (request-seconds)."""
+        """Integral of the gateway's in-flight count on this backend up to `now` (request-seconds)."""
+        if self.board is not None:
+            return self.board.load_area(self.index, now)
         return self._load_area + self.inflight * (now - self._load_since)
 
     def _change(self, delta: int) -> None:
         now = time.monotonic()
-        self._load_area = self.load_area(now)
+        self._load_area += self.inflight * (now - self._load_since)
         self._load_since = now
         self.inflight += delta
+        board = self.board
+        if board is not None:
+            # Area and time base before the count: a reader between the stores sees a consistent
+            # integral up to the old count's last instant, off by at most one request for nanoseconds.
+            board.write(self.index, AREA, self._load_area)
+            board.write(self.index, SINCE, now)
+            board.write(self.index, INFLIGHT, self.inflight)
 
 
 class Slot:
@@ -170,14 +213,13 @@ class Slot:
             return
         self._released = True
         self._pool._release(self.backend, self.weight)
-        self.backend.expected_tokens -= self._expected
-        self.backend.relayed_chunks -= self._chunks
+        self.backend._add(-self._expected, -self._chunks)
 
     def _expect(self, backend: Backend) -> float:
         """Count this request's expected output on `backend`: its max_tokens, else the backend's mean length."""
         per_sequence = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
         expected = per_sequence * self.weight
-        backend.expected_tokens += expected
+        backend._add(expected)
         return expected
 
     def move_to(self, name: str) -> None:
@@ -187,18 +229,21 @@ class Slot:
         if self._first is not None:
             raise RuntimeError("a slot cannot move once its response has started")
         self._pool._release(self.backend, self.weight)
-        self.backend.expected_tokens -= self._expected
+        self.backend._add(-self._expected)
         self.backend = self._pool._take(name, self.weight)
         self._expected = self._expect(self.backend)
 
     def mark_token(self, now: float) -> None:
         """A chunk carrying generated tokens arrived at `now` (time.monotonic())."""
-        mark = (now, self.backend.load_area(now), self._pool.group_load_area(self.backend.group, now))
+        backend = self.backend
+        area = backend.load_area(now)
+        group = self._pool.group_load_area(backend.group, now) if self._pool.shares_group(backend) else area
+        mark = (now, area, group)
         if self._first is None:
             self._first = mark
         self._last = mark
         self._chunks += 1
-        self.backend.relayed_chunks += 1
+        self.backend._add(chunks=1)
 
     def decode_window(self) -> DecodeWindow | None:
         """First to last token and the mean loads over it; None before two tokens at distinct times."""
@@ -218,6 +263,62 @@ class Pool:
         self._backends = {b.name: b for b in backends}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._board: LoadBoard | None = None
+        self._cards_version = 0
+        self._loads_version = 0
+        self._group_sizes: dict[str, int] = {}
+        for b in backends:
+            self._group_sizes[b.group] = self._group_sizes.get(b.group, 0) + 1
+
+    @property
+    def board(self) -> LoadBoard | None:
+        return self._board
+
+    def attach_board(self, board: LoadBoard) -> None:
+        """Share this pool's numbers with the gateway's other workers (gateway/board.py)."""
+        for index, backend in enumerate(self._backends.values()):
+            backend.board, backend.index = board, index
+        self._board = board
+
+    def publish_health(self, backend: Backend) -> None:
+        """Tell the other workers what `backend`'s health now is."""
+        if self._board is not None:
+            self._board.set_health(backend.index, _STATES.index(backend.health))
+
+    def publish_cards(self) -> None:
+        """Tell the other workers every discovered model card (before a backend is marked ready)."""
+        if self._board is not None:
+            cards = {b.name: [b.served_model_name, b.model_card] for b in self if b.model_card is not None}
+            self._board.write_cards(orjson.dumps(cards))
+
+    def publish_loads(self) -> None:
+        """Tell the other workers each backend's own /v1/loads and KV cap, as the health checker polled them."""
+        if self._board is not None:
+            loads = {b.name: [b.kv_cap, engine_load_json(b.engine_load)] for b in self}
+            self._board.write_loads(orjson.dumps(loads))
+
+    def sync(self) -> None:
+        """Take health, model cards and engine loads from the board, as the health checker and other workers left them.
+
+        A backend counts as ready here only once its model card has arrived too.
+        """
+        board = self._board
+        if board is None:
+            return
+        if board.cards_version != self._cards_version:
+            self._cards_version, payload = board.read_cards()
+            for name, (served, card) in (orjson.loads(payload) if payload else {}).items():
+                if name in self._backends:
+                    self._backends[name].served_model_name, self._backends[name].model_card = served, card
+        if board.loads_version != self._loads_version:
+            self._loads_version, payload = board.read_loads()
+            for name, (kv_cap, load) in (orjson.loads(payload) if payload else {}).items():
+                if name in self._backends:
+                    self._backends[name].kv_cap, self._backends[name].engine_load = kv_cap, parse_engine_load(load)
+        for backend in self._backends.values():
+            state = _STATES[board.health(backend.index)]
+            if state is not Health.READY or backend.model_card is not None:
+                backend.health = state
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._backends.values())
@@ -234,7 +335,17 @@ class Pool:
 
     @property
     def total_inflight(self) -> int:
+        """Requests in flight across the whole gateway (every worker)."""
+        return sum(b.inflight_total for b in self._backends.values())
+
+    @property
+    def own_inflight(self) -> int:
+        """Requests in flight in this process (the same as `total_inflight` with one worker)."""
         return sum(b.inflight for b in self._backends.values())
+
+    def shares_group(self, backend: Backend) -> bool:
+        """True when another backend is in `backend`'s group (else the group's load is the backend's)."""
+        return self._group_sizes.get(backend.group, 1) > 1
 
     def group_load_area(self, group: str, now: float) -> float:
         """Integral of the in-flight count of `group`'s backends from process start to `now`."""
@@ -242,14 +353,8 @@ class Pool:
 
     def snapshot(self) -> PoolSnapshot:
         """The current state as plain data for a policy."""
-        return PoolSnapshot(
-            tuple(
-                BackendView(
-                    b.name, b.speculative, b.available, b.inflight, b.group, b.expected_tokens, b.relayed_chunks, b.kv_cap
-                )
-                for b in self._backends.values()
-            )
-        )
+        self.sync()
+        return PoolSnapshot(tuple(b._view() for b in self._backends.values()))
 
     def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
         """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per
@@ -266,16 +371,18 @@ class Pool:
         backend = self._backends[name]
         backend._change(+weight)
         backend.served += 1
+        if backend.board is not None:
+            backend.board.write(backend.index, SERVED, backend.served)
         self._idle.clear()
         return backend
 
     def _release(self, backend: Backend, weight: int = 1) -> None:
         backend._change(-weight)
-        if self.total_inflight == 0:
+        if self.own_inflight == 0:
             self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait until nothing is in flight; False if `timeout` passed first."""
+        """Wait until nothing is in flight in this process; False if `timeout` passed first."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:

@@ -1,10 +1,17 @@
 """The streaming relay: upstream SSE events to the client, one by one, as they arrive.
 
-Events are forwarded as the exact bytes SGLang sent. Each event is still decoded once (orjson,
-~1-2 us for a decode chunk) because the relay must see what it carries: the usage chunk it may have
-to strip, an in-stream error, garbage that must not reach the client, and which events carry tokens
-(for TTFT/ITL). An SSE library would parse into fields and force re-encoding, so framing is split
-here by hand on the blank line that ends every SGLang event.
+Events are forwarded as the exact bytes SGLang sent. The relay must still see what each carries:
+the usage chunk it may have to strip, an in-stream error, garbage that must not reach the client,
+and which events carry tokens (for TTFT/ITL). A decode chunk is recognised from its bytes (0.13 us
+against 1.7 us for an orjson decode plus the dict probing, measured on a 308-byte SGLang chunk):
+a JSON object whose `content`, `reasoning_content` or `text` string is non-empty, or whose
+`tool_calls` list is, and that names no `usage` or `error`. Everything else (role and finish
+chunks, usage, errors, any other spacing of the JSON) is decoded in full, as before. An SSE library
+would parse into fields and force re-encoding, so framing is split here by hand on the blank line
+that ends every SGLang event.
+
+The idle timeout is one timer per stream, re-armed only when it fires (`_IdleWatch`): an
+`asyncio.timeout` around each read cost ~10 us per chunk (a context object and a timer handle each).
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from gateway.errors import OpenAIError
 
 DONE = b"data: [DONE]\n\n"
 _SEPARATOR = b"\n\n"
+# A key followed by the first byte of a non-empty value: conclusive evidence of generated tokens.
+# Inside a JSON string every quote is escaped, so these can only match keys.
+_TOKEN_KEYS = (b'"content":"', b'"reasoning_content":"', b'"text":"')
+_TOOL_CALLS = b'"tool_calls":['
 
 
 @dataclass
@@ -60,11 +71,53 @@ def read_openai_chunk(chunk: dict[str, Any]) -> tuple[dict[str, Any] | None, boo
 ChunkReader = Callable[[dict[str, Any]], tuple[dict[str, Any] | None, bool]]
 
 
-def _data_payload(event: bytes) -> bytes | None:
-    """The payload of a single-line `data:` event, or None for comments and other fields."""
-    if not event.startswith(b"data:"):
-        return None
-    return event[5:].strip()
+def tokens_by_bytes(payload: bytes) -> bool:
+    """True when `payload` is surely a plain token chunk (see the module docstring); False: decode it."""
+    if payload[:1] != b"{" or payload[-1:] != b"}" or b'"error"' in payload:
+        return False
+    usage = payload.find(b'"usage":')
+    if usage >= 0 and payload[usage + 8 : usage + 12] != b"null":
+        return False
+    for key in _TOKEN_KEYS:
+        at = payload.find(key)
+        if at >= 0 and payload[at + len(key)] != 0x22:  # not the closing quote of ""
+            return True
+    at = payload.find(_TOOL_CALLS)
+    return at >= 0 and payload[at + len(_TOOL_CALLS)] != 0x5D  # not the "]" of []
+
+
+class _IdleWatch:
+    """Cancels the relaying task when one read waits longer than `timeout`; one timer per stream."""
+
+    __slots__ = ("_loop", "_task", "_timeout", "_handle", "_base", "reading_since", "fired")
+
+    def __init__(self, timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "the relay runs in a task"
+        self._task = task
+        self._base = task.cancelling()
+        self._timeout = timeout
+        self.reading_since: float | None = None  # loop time the current read began; None between reads
+        self.fired = False
+        self._handle = self._loop.call_at(self._loop.time() + timeout, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.reading_since
+        if since is None or now < since + self._timeout:
+            # Not reading (sending to a slow client is no upstream silence), or the read began later.
+            self._handle = self._loop.call_at((since if since is not None else now) + self._timeout, self._check)
+            return
+        self.fired = True
+        self._task.cancel()
+
+    def timed_out(self) -> bool:
+        """After a CancelledError: True when this watch caused it (and nobody else cancelled too)."""
+        return self.fired and self._task.uncancel() <= self._base
+
+    def close(self) -> None:
+        self._handle.cancel()
 
 
 async def relay_stream(
@@ -87,13 +140,35 @@ async def relay_stream(
     `annotate`, when given, rewrites each chunk event before it is sent (the service tier's echo).
     `read` tells an event's usage so far and whether it carries tokens (the API's chunk format).
     """
+    watch = _IdleWatch(idle_timeout)
+    try:
+        return await _relay(resp, send, watch, strip_usage, on_token, on_gap, read, annotate)
+    finally:
+        watch.close()
+
+
+async def _relay(
+    resp: aiohttp.ClientResponse,
+    send: Send,
+    watch: _IdleWatch,
+    strip_usage: bool,
+    on_token: Callable[[float, bool], None],
+    on_gap: Callable[[float], None],
+    read: ChunkReader,
+    annotate: Callable[[bytes], bytes] | None,
+) -> StreamResult:
     result = StreamResult()
-    reader = resp.content
+    # The byte-level check knows OpenAI's chunks only; other formats are always decoded.
+    by_bytes = read is read_openai_chunk
+    readuntil = resp.content.readuntil
+    loop_time = asyncio.get_running_loop().time
     while True:
+        watch.reading_since = loop_time()
         try:
-            async with asyncio.timeout(idle_timeout):
-                event = await reader.readuntil(_SEPARATOR)
-        except TimeoutError:
+            event = await readuntil(_SEPARATOR)
+        except asyncio.CancelledError:
+            if not watch.timed_out():
+                raise
             result.error_kind = "idle_timeout"
             break
         except ValueError:  # one event larger than the read buffer: not something SGLang sends
@@ -102,41 +177,46 @@ async def relay_stream(
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError):
             result.error_kind = "disconnected"
             break
+        finally:
+            watch.reading_since = None
         if not event.endswith(_SEPARATOR):  # EOF, possibly with half an event: the stream was cut
             result.error_kind = "truncated"
             break
-        payload = _data_payload(event)
-        if payload is None:
+        if not event.startswith(b"data:"):  # comments and other fields pass as they are
             await send({"type": "http.response.body", "body": event, "more_body": True})
             continue
-        if payload == b"[DONE]":
+        payload = event[5:].strip()
+        if by_bytes and tokens_by_bytes(payload):
+            tokens = True
+        elif payload == b"[DONE]":
             await send({"type": "http.response.body", "body": event, "more_body": True})
             return result
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            result.error_kind = "malformed_event"
-            break
-        if not isinstance(chunk, dict):
-            result.error_kind = "malformed_event"
-            break
-        if "error" in chunk:  # SGLang reports aborts mid-stream this way; pass it on, [DONE] follows
-            result.error_kind = "stream_error"
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-            continue
-        usage, carries_tokens = read(chunk)
-        if usage:
-            result.usage = usage
-            if not chunk.get("choices") and strip_usage:
-                continue  # the usage chunk we asked for on the client's behalf
-        if carries_tokens:
+        else:
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                result.error_kind = "malformed_event"
+                break
+            if not isinstance(chunk, dict):
+                result.error_kind = "malformed_event"
+                break
+            if "error" in chunk:  # SGLang reports aborts mid-stream this way; pass it on, [DONE] follows
+                result.error_kind = "stream_error"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                continue
+            usage, tokens = read(chunk)
+            if usage:
+                result.usage = usage
+                if not chunk.get("choices") and strip_usage:
+                    continue  # the usage chunk we asked for on the client's behalf
+        if tokens:
             now = time.monotonic()
-            first = result.first_token_at is None
-            if first:
+            if result.first_token_at is None:
                 result.first_token_at = now
+                on_token(now, True)
             else:
                 on_gap(now - result.last_token_at)  # type: ignore[operator]
-            on_token(now, first)
+                on_token(now, False)
             result.last_token_at = now
             result.token_chunks += 1
         if annotate is not None:

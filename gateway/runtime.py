@@ -13,8 +13,9 @@ from gateway.config import BackendConfig, Settings
 from gateway.fdbudget import DescriptorBudget, current_budget
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
+from gateway.board import LoadBoard
 from gateway.native import RidTable
-from gateway.policy import Policy
+from gateway.policy import Completion, Policy
 from gateway.pool import Backend, Pool
 from gateway.response_homes import ResponseHomes
 from gateway.upstream import UpstreamClient
@@ -32,7 +33,12 @@ class Runtime:
         policy: Policy,
         metrics: GatewayMetrics,
         budget: DescriptorBudget | None = None,
+        *,
+        board: LoadBoard | None = None,
+        poll_health: bool = True,
     ) -> None:
+        """`board`: shared with the gateway's other workers (gateway/board.py); `poll_health=False`:
+        another process runs the gateway's health checks."""
         self.settings = settings
         self.budget = budget or current_budget(settings.limits.fd_reserve)
         # The HTTP server's live client connections (uvicorn's set), once `specgate serve` attaches it.
@@ -54,9 +60,11 @@ class Runtime:
             )
             for b in backends
         }
+        if board is not None:
+            self.pool.attach_board(board)
         policy.attach(self.pool.snapshot)
-        self.health = HealthChecker(self.pool, self.upstreams, settings.health)
-        self.draining = False
+        self.health = HealthChecker(self.pool, self.upstreams, settings.health, poll=poll_health)
+        self._draining = False
         self.response_homes = ResponseHomes()  # which backend holds each stored Responses API response
         self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
         self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
@@ -77,6 +85,15 @@ class Runtime:
             await upstream.close()
 
     @property
+    def draining(self) -> bool:
+        """True once this process, or with several workers the gateway's parent, began shutting down."""
+        return self._draining or (self.pool.board is not None and self.pool.board.draining)
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+
+    @property
     def inflight_limit(self) -> int:
         """Requests admitted at once: `limits.max_inflight`, or fewer when the open-file limit says so."""
         return min(self.settings.limits.max_inflight, self.budget.capacity)
@@ -90,12 +107,32 @@ class Runtime:
         for task in list(self.requests):
             task.cancel()
 
+    def learn(self, completion: Completion) -> None:
+        """Teach the policy a finished response; with several workers, every worker's policy learns it."""
+        board = self.pool.board
+        if board is None:
+            self.policy.observe(completion)
+            return
+        board.publish(_record(self.pool[completion.backend].index, completion))
+        self.catch_up()
+
+    def catch_up(self) -> None:
+        """Replay the completions other workers published since the last call (in publication order)."""
+        board = self.pool.board
+        if board is None:
+            return
+        names = self.pool.names
+        for record in board.unread():
+            self.policy.observe(_completion(names, record))
+
     def beliefs(self) -> dict[str, Any]:
         """What the policy currently believes (empty for static policies)."""
+        self.catch_up()
         return self.policy.describe().get("beliefs", {})
 
     def model_ids(self) -> list[str]:
         """Model ids clients may send: the configured public name and every backend's served name."""
+        self.pool.sync()
         ids = [self.settings.server.model_name] if self.settings.server.model_name else []
         for backend in self.pool:
             if backend.served_model_name and backend.served_model_name not in ids:
@@ -105,4 +142,15 @@ class Runtime:
     @property
     def serving(self) -> bool:
         """True when a new request could be routed somewhere."""
+        self.pool.sync()
         return not self.draining and any(b.available for b in self.pool)
+
+
+def _record(index: int, c: Completion) -> tuple[float, ...]:
+    """A completion as a board record (gateway/board.py's layout)."""
+    return (index, c.output_tokens, c.ttft, c.decode_seconds, c.mean_inflight, c.mean_group_inflight, c.token_chunks)
+
+
+def _completion(names: list[str], record: tuple[float, ...]) -> Completion:
+    index, tokens, ttft, decode, inflight, group_inflight, chunks = record
+    return Completion(names[int(index)], int(tokens), ttft, decode, inflight, group_inflight, int(chunks))

@@ -2,25 +2,24 @@
 
 Shutdown order on SIGTERM or Ctrl-C: stop admitting (new requests get 503 and /ready turns 503),
 let in-flight requests finish for up to `server.drain_timeout`, stop the HTTP server, then stop
-the backends this process started. A second signal skips the drain.
+the backends this process started. A second signal skips the drain. With `server.workers` > 1 the
+HTTP server runs in that many worker processes on the socket bound here (gateway/workers.py), each
+draining its own requests, and this process keeps the backends and the health checks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
-import signal
+import shutil
 import socket
 import sys
+import tempfile
 import tomllib
-from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-import uvicorn
 import uvloop
 from pydantic import ValidationError
 
@@ -28,57 +27,15 @@ from backends.fdlimit import raise_nofile_limit
 from backends.plan import build_plan
 from backends.resolve import PlanError
 from backends.supervisor import Supervisor, SupervisorError
-from backends.uvicorn_server import UvicornServer as _Server
-from gateway.app import create_app
 from gateway.config import BackendConfig, Settings, load_settings
 from gateway.fdbudget import DescriptorBudget, inflight_cap_warning, plan_budget
-from gateway.http_protocol import GatewayHttpProtocol
 from gateway.metrics import GatewayMetrics
 from gateway.policies import make_policy
 from gateway.runtime import Runtime
+from gateway.server import Lifecycle, Stopped, announce, serve_http
+from gateway.workers import serve_workers
 
 log = logging.getLogger("specgate")
-
-T = TypeVar("T")
-
-
-class _Stopped(Exception):
-    """A stop signal arrived before startup finished."""
-
-
-class _Lifecycle:
-    """Turns SIGINT/SIGTERM into events: the first asks for a graceful stop, the second forces it."""
-
-    def __init__(self) -> None:
-        self.stop = asyncio.Event()
-        self.force = asyncio.Event()
-
-    def install(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-
-    def _on_signal(self, sig: int) -> None:
-        if self.stop.is_set():
-            log.warning("second %s: stopping now", signal.Signals(sig).name)
-            self.force.set()
-        else:
-            log.info("%s: draining, then stopping", signal.Signals(sig).name)
-            self.stop.set()
-
-    async def unless_stopped(self, work: Awaitable[T]) -> T:
-        """Await `work`, abandoning it if a stop signal comes first."""
-        task = asyncio.ensure_future(work)
-        stopper = asyncio.create_task(self.stop.wait())
-        try:
-            await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopper.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise _Stopped
-        return task.result()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -111,13 +68,16 @@ def _descriptor_budget(settings: Settings) -> DescriptorBudget:
 async def run(settings: Settings) -> None:
     """Run the gateway until a stop signal; every process started here is stopped before returning."""
     budget = _descriptor_budget(settings)  # before any socket, and before the backends inherit it
-    lifecycle = _Lifecycle()
+    lifecycle = Lifecycle()
     lifecycle.install()
     policy = make_policy(settings.resolved_policy)
-    metrics = GatewayMetrics()
+    workers = settings.resolved_workers
+    # Several workers: every process's counters go to files there, summed at each scrape.
     backends = settings.grouped_backends
     supervisor: Supervisor | None = None
     sock = _bind(settings.server.host, settings.server.port)
+    metrics_dir = tempfile.mkdtemp(prefix="specgate-metrics-") if workers > 1 else None
+    metrics = GatewayMetrics(metrics_dir)
     try:
         if settings.launches_backends:
             launch = settings.planned_launch
@@ -147,64 +107,27 @@ async def run(settings: Settings) -> None:
                 for ep in process.endpoints
             ]
             await lifecycle.unless_stopped(supervisor.start())
-        runtime = Runtime(settings, backends, policy, metrics, budget)
-        await _serve(settings, runtime, sock, lifecycle, wait_for_backends=supervisor is not None)
-    except _Stopped:
+        wait = supervisor is not None
+        if workers > 1:
+            assert metrics_dir is not None
+            await serve_workers(settings, backends, sock, lifecycle, budget, metrics, metrics_dir, count=workers, wait_for_backends=wait)
+        else:
+            runtime = Runtime(settings, backends, policy, metrics, budget)
+            await serve_http(settings, runtime, sock, lifecycle, on_listening=lambda: announce(runtime, sock, wait))
+    except Stopped:
         log.info("stopped during startup")
     finally:
         sock.close()
         if supervisor is not None:
             await supervisor.stop()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-async def _serve(settings: Settings, runtime: Runtime, sock: socket.socket, lifecycle: _Lifecycle, *, wait_for_backends: bool) -> None:
-    server = _Server(
-        uvicorn.Config(
-            create_app(runtime),
-            log_config=None,
-            access_log=False,
-            http=functools.partial(GatewayHttpProtocol, max_head_bytes=settings.limits.max_header_bytes),
-            timeout_graceful_shutdown=2,
-            timeout_keep_alive=30,
-        )
-    )
-    runtime.client_connections = server.server_state.connections  # the descriptor budget counts them
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await lifecycle.unless_stopped(_announce(server, runtime, sock, wait_for_backends))
-        await lifecycle.unless_stopped(asyncio.shield(serving))
-    except _Stopped:
-        runtime.draining = True
-        drain = asyncio.create_task(runtime.pool.wait_idle(settings.server.drain_timeout))
-        force = asyncio.create_task(lifecycle.force.wait())
-        await asyncio.wait((drain, force), return_when=asyncio.FIRST_COMPLETED)
-        force.cancel()
-        if not drain.done() or not drain.result():
-            drain.cancel()
-            log.warning("stopping with %d request(s) still in flight", runtime.pool.total_inflight)
-            runtime.interrupt_requests()
-            await runtime.pool.wait_idle(1.0)
-        server.should_exit = True
-    await serving
-
-
-async def _announce(server: _Server, runtime: Runtime, sock: socket.socket, wait_for_backends: bool) -> None:
-    """Print the one 'serving on' line once the gateway can take requests."""
-    await server.listening.wait()
-    if wait_for_backends:  # we started them and they reported ready; let the health checker agree
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(30):
-                while not all(b.available for b in runtime.pool):
-                    await asyncio.sleep(0.05)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    backends = ", ".join(f"{b.name}={b.url} ({b.health.value})" for b in runtime.pool)
-    click.echo(f"specgate serving on http://{shown}:{port}  policy={runtime.policy.name}  backends: {backends}")
-    sys.stdout.flush()
-
-
-def _overrides(host: str | None, port: int | None, policy: str | None, threshold: int | None, eagle_max_inflight: int | None, log_level: str | None) -> dict[str, Any]:
-    server: dict[str, Any] = {k: v for k, v in (("host", host), ("port", port), ("log_level", log_level)) if v is not None}
+def _overrides(host: str | None, port: int | None, policy: str | None, threshold: int | None, eagle_max_inflight: int | None,
+               log_level: str | None, workers: int | None = None) -> dict[str, Any]:
+    pairs = (("host", host), ("port", port), ("log_level", log_level), ("workers", workers))
+    server: dict[str, Any] = {k: v for k, v in pairs if v is not None}
     policy_section: dict[str, Any] = {
         k: v for k, v in (("name", policy), ("threshold", threshold), ("eagle_max_inflight", eagle_max_inflight)) if v is not None
     }
@@ -220,11 +143,12 @@ def _overrides(host: str | None, port: int | None, policy: str | None, threshold
 @click.option("--threshold", type=int, help="threshold policy: EAGLE while total in-flight is below this")
 @click.option("--eagle-max-inflight", type=int, help="spill policy: EAGLE while its own in-flight is below this")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--workers", type=click.IntRange(1, 64), help="worker processes (default: one per core, at most 8)")
 def serve_command(config_path: Path | None, host: str | None, port: int | None, policy: str | None,
-                  threshold: int | None, eagle_max_inflight: int | None, log_level: str | None) -> None:
+                  threshold: int | None, eagle_max_inflight: int | None, log_level: str | None, workers: int | None) -> None:
     """Serve the OpenAI-compatible gateway in front of an EAGLE-3 and a plain SGLang server."""
     try:
-        settings = load_settings(config_path, **_overrides(host, port, policy, threshold, eagle_max_inflight, log_level))
+        settings = load_settings(config_path, **_overrides(host, port, policy, threshold, eagle_max_inflight, log_level, workers))
     except (ValidationError, FileNotFoundError, tomllib.TOMLDecodeError, ValueError) as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from exc
     logging.basicConfig(

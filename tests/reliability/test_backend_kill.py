@@ -38,10 +38,11 @@ async def _sent_after(outcomes: list[Outcome], moment: float, count: int) -> boo
     return sum(1 for o in outcomes if o.sent_at > moment) >= count
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_killing_a_backend_under_load_fails_only_streams_already_started(
-    sims: SimFactory, record_property: pytest.RecordProperty
+    sims: SimFactory, record_property: pytest.RecordProperty, workers: int
 ) -> None:
-    async with running_stack(sims, time_scale=1.0, gateway=GATEWAY) as stack:
+    async with running_stack(sims, time_scale=1.0, gateway=GATEWAY, workers=workers) as stack:
         outcomes: list[Outcome] = []
         stop = asyncio.Event()
 

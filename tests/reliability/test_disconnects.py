@@ -88,12 +88,13 @@ async def _all_settled(stack: Stack) -> list[dict[str, object]] | None:
     return records if all(r["state"] in ("finished", "aborted") for r in records) else None
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_a_thousand_clients_leaving_at_random_points_abort_upstream(
-    sims: SimFactory, record_property: pytest.RecordProperty
+    sims: SimFactory, record_property: pytest.RecordProperty, workers: int
 ) -> None:
     leavers = _leavers(seed=8)
     gateway = {"policy": {"name": "spill", "eagle_max_inflight": 48}}
-    async with running_stack(sims, time_scale=1.0, gateway=gateway, connections=0) as stack:
+    async with running_stack(sims, time_scale=1.0, gateway=gateway, connections=0, workers=workers) as stack:
         for sim in (stack.eagle, stack.plain):
             await stack.fault(sim, kind="slow_first_token", seconds=FIRST_TOKEN_DELAY)
         results = await asyncio.gather(*(_run(stack, leaver) for leaver in leavers), return_exceptions=True)

@@ -3,7 +3,8 @@
 With room to raise it (hard limit >= 8192) the gateway raises it at start-up and every stream
 completes. Without (1024:1024) the gateway refuses what does not fit with 429/503 and Retry-After,
 never marks a backend out for its own limit (polled in /admin/status during the burst, and in its
-log), and serves normally again right after the burst.
+log), and serves normally again right after the burst. One worker: the limit and its budget are a
+process's (each of several workers has its own).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _transitions(log: str) -> list[str]:
 @pytest.mark.skipif(_HARD != resource.RLIM_INFINITY and _HARD < 8192, reason="needs a hard open-file limit >= 8192")
 async def test_gateway_raises_a_low_soft_limit_and_serves_a_burst(sims: SimFactory, record_property: pytest.RecordProperty) -> None:
     hard = 20000 if _HARD == resource.RLIM_INFINITY else min(_HARD, 65536)
-    async with running_stack(sims, time_scale=TIME_SCALE, gateway=GATEWAY, connections=BURST + 16, nofile=(1024, hard)) as stack:
+    async with running_stack(sims, time_scale=TIME_SCALE, gateway=GATEWAY, workers=1, connections=BURST + 16, nofile=(1024, hard)) as stack:
         limits = (await stack.get_json(stack.url + "/admin/status", stack.admin_headers))["limits"]
         assert limits["open_files_soft_limit"] == hard  # raised from 1024
         assert limits["inflight_capacity"] >= BURST
@@ -96,7 +97,7 @@ async def test_gateway_raises_a_low_soft_limit_and_serves_a_burst(sims: SimFacto
 async def test_at_a_hard_limit_of_1024_the_gateway_refuses_cleanly_and_keeps_the_backends(
     sims: SimFactory, record_property: pytest.RecordProperty
 ) -> None:
-    async with running_stack(sims, time_scale=TIME_SCALE, gateway=GATEWAY, connections=BURST + 16, nofile=(1024, 1024)) as stack:
+    async with running_stack(sims, time_scale=TIME_SCALE, gateway=GATEWAY, workers=1, connections=BURST + 16, nofile=(1024, 1024)) as stack:
         limits = (await stack.get_json(stack.url + "/admin/status", stack.admin_headers))["limits"]
         assert limits["open_files_soft_limit"] == 1024
         assert limits["inflight_capacity"] < BURST

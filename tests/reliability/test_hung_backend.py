@@ -37,10 +37,11 @@ TO_EAGLE = {"x-specgate-route": "eagle"}
 TO_PLAIN = {"x-specgate-route": "plain"}
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_hung_backend_times_out_is_avoided_and_spares_other_traffic(
-    sims: SimFactory, record_property: pytest.RecordProperty
+    sims: SimFactory, record_property: pytest.RecordProperty, workers: int
 ) -> None:
-    async with running_stack(sims, time_scale=1.0, gateway=GATEWAY) as stack:
+    async with running_stack(sims, time_scale=1.0, gateway=GATEWAY, workers=workers) as stack:
         client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0)
         url = stack.url + "/v1/chat/completions"
         background: list[Outcome] = []

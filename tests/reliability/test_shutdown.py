@@ -28,9 +28,10 @@ OUTPUT_TOKENS = 64  # ~3 s on the plain sim at 32 running requests, time scale 1
 
 
 @asynccontextmanager
-async def serving(drain_timeout: float) -> AsyncIterator[tuple[GatewayProcess, aiohttp.ClientSession, str]]:
+async def serving(drain_timeout: float, workers: int) -> AsyncIterator[tuple[GatewayProcess, aiohttp.ClientSession, str]]:
     """`specgate serve` with its embedded backends, and a session; the process group is killed on exit."""
     env = {
+        "SPECGATE_SERVER__WORKERS": str(workers),
         "SPECGATE_LAUNCH__TIME_SCALE": "1.0",
         "SPECGATE_SERVER__DRAIN_TIMEOUT": str(drain_timeout),
         "SPECGATE_HEALTH__READY_INTERVAL": "0.5",
@@ -85,8 +86,9 @@ async def _backend_ports(session: aiohttp.ClientSession, url: str) -> list[str]:
     return [b["url"].rsplit(":", 1)[1] for b in status["backends"]]  # type: ignore[index,union-attr]
 
 
-async def test_sigterm_drains_in_flight_requests_then_stops_everything(record_property: pytest.RecordProperty) -> None:
-    async with serving(drain_timeout=30) as (gw, session, model):
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sigterm_drains_in_flight_requests_then_stops_everything(record_property: pytest.RecordProperty, workers: int) -> None:
+    async with serving(drain_timeout=30, workers=workers) as (gw, session, model):
         children = gw.descendants()
         ports = await _backend_ports(session, gw.url)
         assert len(children) >= 2 and len(_processes_serving(ports)) >= 2
@@ -117,9 +119,10 @@ async def test_sigterm_drains_in_flight_requests_then_stops_everything(record_pr
     assert not serving_ports, f"still serving the backends' ports: {serving_ports}"
 
 
-async def test_drain_is_bounded_by_the_drain_timeout(record_property: pytest.RecordProperty) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_drain_is_bounded_by_the_drain_timeout(record_property: pytest.RecordProperty, workers: int) -> None:
     drain_timeout = 2.0
-    async with serving(drain_timeout=drain_timeout) as (gw, session, model):
+    async with serving(drain_timeout=drain_timeout, workers=workers) as (gw, session, model):
         children = gw.descendants()
         url = gw.url + "/v1/chat/completions"
         endless = asyncio.create_task(exchange(session, url, _body(model, 100_000)))

@@ -1,0 +1,194 @@
+"""The load board: what the workers of one gateway share, in one block of shared memory.
+
+With `[server] workers` > 1 every worker routes against the whole gateway's load, so the pool's
+per-backend numbers live here: each worker writes only its own row (in-flight count, its load
+integral, expected output and relayed chunks per backend) and readers sum the rows, so no lock is
+taken on the request path. A worker that dies has its row folded into the gateway's past (its load
+integral kept, its in-flight count zeroed) before its replacement starts. Backend health has one
+cell per backend, written by the health checker (the parent process) and by a worker that saw a
+backend fail. Finished responses go through a ring of completion records that every worker replays
+in the same order, so every worker's adaptive fit learns from every completion, as one process
+would.
+
+Values are float64 (counts are exact below 2**53); a cell is one aligned 8-byte store, so a reader
+never sees half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import array
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from multiprocessing.synchronize import Lock
+
+# Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served.
+INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED = range(6)
+_FIELDS = 6
+# Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
+# mean group in-flight, token chunks.
+_RECORD = 7
+RING = 4096  # completion records kept; a worker further behind than this skips the oldest
+CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker discovered them
+LOAD_BYTES = 65536  # the backends' own /v1/loads and KV caps (JSON), as the health checker last polled them
+_HEADER = 4  # draining flag, completions written, model cards version, engine loads version
+_CARDS_VERSION, _LOADS_VERSION = 2, 3
+
+
+@dataclass(frozen=True)
+class BoardSpec:
+    """What a worker needs to attach to the board (picklable)."""
+
+    name: str
+    workers: int
+    backends: int
+
+
+class LoadBoard:
+    """A view of the shared block; `worker` is this process's row (-1: the parent, which owns no row)."""
+
+    def __init__(self, spec: BoardSpec, worker: int, lock: Lock, *, create: bool = False) -> None:
+        self.spec = spec
+        self.worker = worker
+        self._lock = lock
+        size = 8 * self.cells(spec.workers, spec.backends)
+        self._shm = shared_memory.SharedMemory(name=spec.name, create=create, size=size)
+        self._cells = self._shm.buf.cast("d")
+        if create:
+            for i in range(len(self._cells)):
+                self._cells[i] = 0.0
+        b = spec.backends
+        self._health_at = _HEADER
+        self._rows_at = _HEADER + b
+        self._ring_at = self._rows_at + spec.workers * b * _FIELDS
+        self._cards_at = 8 * (self._ring_at + RING * _RECORD)  # a byte offset
+        self._loads_at = self._cards_at + CARD_BYTES
+        self.applied = 0  # completion records this process has replayed
+
+    @staticmethod
+    def cells(workers: int, backends: int) -> int:
+        return _HEADER + backends + workers * backends * _FIELDS + RING * _RECORD + (CARD_BYTES + LOAD_BYTES) // 8
+
+    @classmethod
+    def create(cls, workers: int, backends: int, lock: Lock) -> LoadBoard:
+        """A new zeroed board, owned by the calling (parent) process."""
+        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends)
+        return cls(spec, -1, lock, create=True)
+
+    def close(self, *, unlink: bool = False) -> None:
+        self._cells.release()
+        self._shm.close()
+        if unlink:
+            self._shm.unlink()
+
+    # Rows: each worker writes its own, readers sum.
+    def _cell(self, worker: int, backend: int, field: int) -> int:
+        return self._rows_at + (worker * self.spec.backends + backend) * _FIELDS + field
+
+    def write(self, backend: int, field: int, value: float) -> None:
+        """Set this worker's `field` for `backend`."""
+        self._cells[self._cell(self.worker, backend, field)] = value
+
+    def total(self, backend: int, field: int) -> float:
+        """`field` of `backend` summed over every worker."""
+        cells, step = self._cells, self.spec.backends * _FIELDS
+        at = self._cell(0, backend, field)
+        return sum(cells[at + w * step] for w in range(self.spec.workers))
+
+    def load_area(self, backend: int, now: float) -> float:
+        """The gateway's integral of `backend`'s in-flight count up to `now`, over all workers."""
+        cells, step = self._cells, self.spec.backends * _FIELDS
+        at = self._cell(0, backend, 0)
+        area = 0.0
+        for w in range(self.spec.workers):
+            row = at + w * step
+            area += cells[row + AREA] + cells[row + INFLIGHT] * (now - cells[row + SINCE])
+        return area
+
+    def clear_worker(self, worker: int, now: float) -> None:
+        """Fold a dead worker's row into the past: its load integral kept up to `now`, nothing in flight."""
+        for backend in range(self.spec.backends):
+            row = self._cell(worker, backend, 0)
+            c = self._cells
+            c[row + AREA] = c[row + AREA] + c[row + INFLIGHT] * (now - c[row + SINCE])
+            c[row + SINCE] = now
+            for field in (INFLIGHT, EXPECTED, CHUNKS):
+                c[row + field] = 0.0
+
+    # Health: one cell per backend.
+    def health(self, backend: int) -> int:
+        return int(self._cells[self._health_at + backend])
+
+    def set_health(self, backend: int, code: int) -> None:
+        self._cells[self._health_at + backend] = float(code)
+
+    # The draining flag, set by the parent on SIGTERM.
+    @property
+    def draining(self) -> bool:
+        return self._cells[0] != 0.0
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._cells[0] = 1.0 if value else 0.0
+
+    # Completions: a ring every worker replays in the same order.
+    def publish(self, record: tuple[float, ...]) -> None:
+        """Append one completion record (see `_RECORD`)."""
+        with self._lock:
+            index = int(self._cells[1])
+            at = self._ring_at + (index % RING) * _RECORD
+            self._cells[at : at + _RECORD] = memoryview(array.array("d", record))
+            self._cells[1] = float(index + 1)  # after the record: a reader never sees it half written
+
+    def unread(self) -> list[tuple[float, ...]]:
+        """Completion records published since this process last asked, oldest first."""
+        written = int(self._cells[1])
+        start = max(self.applied, written - RING + 1)  # the slot being overwritten next is not trusted
+        out = []
+        for index in range(start, written):
+            at = self._ring_at + (index % RING) * _RECORD
+            out.append(tuple(self._cells[at : at + _RECORD]))
+        self.applied = written
+        return out
+
+    # Model cards: written by the health checker before it marks a backend ready.
+    @property
+    def cards_version(self) -> int:
+        return int(self._cells[_CARDS_VERSION])
+
+    def write_cards(self, payload: bytes) -> None:
+        """Publish the cards (JSON)."""
+        self._write_blob(self._cards_at, CARD_BYTES, _CARDS_VERSION, payload, "model cards")
+
+    def read_cards(self) -> tuple[int, bytes]:
+        """(version, JSON) of the cards as last published."""
+        return self._read_blob(self._cards_at, _CARDS_VERSION)
+
+    # Engine loads: each backend's own /v1/loads and KV cap, written by the health checker at each poll.
+    @property
+    def loads_version(self) -> int:
+        return int(self._cells[_LOADS_VERSION])
+
+    def write_loads(self, payload: bytes) -> None:
+        """Publish the engine loads (JSON)."""
+        self._write_blob(self._loads_at, LOAD_BYTES, _LOADS_VERSION, payload, "engine loads")
+
+    def read_loads(self) -> tuple[int, bytes]:
+        """(version, JSON) of the engine loads as last published."""
+        return self._read_blob(self._loads_at, _LOADS_VERSION)
+
+    def _write_blob(self, at: int, limit: int, version: int, payload: bytes, what: str) -> None:
+        # The version moves after the bytes, under the lock readers take, so no reader sees half.
+        if len(payload) + 4 > limit:
+            raise ValueError(f"{what} of {len(payload)} bytes do not fit the board's {limit}")
+        with self._lock:
+            buf = self._shm.buf
+            buf[at : at + 4] = len(payload).to_bytes(4, "little")
+            buf[at + 4 : at + 4 + len(payload)] = payload
+            self._cells[version] = self._cells[version] + 1.0
+
+    def _read_blob(self, at: int, version: int) -> tuple[int, bytes]:
+        with self._lock:
+            buf = self._shm.buf
+            size = int.from_bytes(buf[at : at + 4], "little")
+            return int(self._cells[version]), bytes(buf[at + 4 : at + 4 + size])

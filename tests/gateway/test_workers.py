@@ -1,0 +1,134 @@
+"""Several workers on one load board route and learn exactly as one process would."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.board import LoadBoard
+from gateway.config import BackendConfig, Settings
+from gateway.engine_load import parse_engine_load
+from gateway.metrics import GatewayMetrics
+from gateway.policies import AdaptivePolicy
+from gateway.policy import Completion
+from gateway.pool import Backend, Pool
+from gateway.runtime import Runtime
+
+WORKERS = 3
+NAMES = ("eagle", "plain")
+
+
+_ATTACHED: list[LoadBoard] = []
+
+
+@pytest.fixture
+def board() -> Iterator[LoadBoard]:
+    owner = LoadBoard.create(WORKERS, len(NAMES), multiprocessing.get_context("spawn").Lock())
+    yield owner
+    while _ATTACHED:
+        _ATTACHED.pop().close()
+    owner.close(unlink=True)
+
+
+def _attach(owner: LoadBoard, worker: int) -> LoadBoard:
+    """The board as worker `worker` sees it (a worker process attaches the same way)."""
+    _ATTACHED.append(LoadBoard(owner.spec, worker, owner._lock))
+    return _ATTACHED[-1]
+
+
+def _pool(board: LoadBoard | None = None) -> Pool:
+    pool = Pool([Backend(name, f"http://{name}", name == "eagle") for name in NAMES])
+    if board is not None:
+        pool.attach_board(board)
+    return pool
+
+
+def test_in_flight_counts_are_the_sums_of_every_worker_and_a_dead_worker_is_cleared(board: LoadBoard) -> None:
+    pools = [_pool(_attach(board, w)) for w in range(WORKERS)]
+    single = _pool()
+    rng = random.Random(7)
+    held: list[tuple[int, object, object]] = []
+    for step in range(300):
+        if held and rng.random() < 0.45:
+            worker, slot, twin = held.pop(rng.randrange(len(held)))
+            slot.release()  # type: ignore[attr-defined]
+            twin.release()  # type: ignore[attr-defined]
+        else:
+            worker, name = rng.randrange(WORKERS), rng.choice(NAMES)
+            held.append((worker, pools[worker].acquire(name, max_tokens=10 + step), single.acquire(name, max_tokens=10 + step)))
+        expected = single.snapshot()
+        for pool in pools:  # every worker sees the gateway's counts, as the one process does
+            assert pool.snapshot() == expected
+            assert pool.total_inflight == single.total_inflight
+    dead = 1
+    survivors = {name: sum(1 for w, s, _ in held if w != dead and s.backend.name == name) for name in NAMES}  # type: ignore[attr-defined]
+    board.clear_worker(dead, time.monotonic())
+    for pool in (pools[0], pools[2]):
+        assert {v.name: v.inflight for v in pool.snapshot().backends} == survivors
+    for worker, slot, _ in held:
+        if worker != dead:
+            slot.release()  # type: ignore[attr-defined]
+    assert all(pool.total_inflight == 0 for pool in pools)
+
+
+def test_a_batch_counts_its_weight_in_every_worker(board: LoadBoard) -> None:
+    pools = [_pool(_attach(board, w)) for w in range(WORKERS)]
+    slot = pools[0].acquire("plain", max_tokens=8, weight=4)  # a batched /generate of 4 sequences
+    for pool in pools:
+        view = pool.snapshot().get("plain")
+        assert (view.inflight, view.expected_tokens) == (4, 32.0)
+    slot.release()
+    assert all(pool.total_inflight == 0 for pool in pools)
+
+
+def test_the_health_checkers_engine_loads_and_kv_caps_reach_every_worker(board: LoadBoard) -> None:
+    parent, workers = _pool(board), [_pool(_attach(board, w)) for w in range(WORKERS)]
+    rank = {"dp_rank": 0, "num_running_reqs": 13, "num_waiting_reqs": 3, "token_usage": 0.97}
+    parent["eagle"].engine_load = parse_engine_load({"version": "0.5.23", "num_accelerators": 1, "loads": [rank]})
+    parent["eagle"].kv_cap = 13
+    parent.publish_loads()
+    for pool in workers:
+        assert pool.snapshot().get("eagle").kv_cap == 13 and pool.snapshot().get("plain").kv_cap is None
+        assert pool["eagle"].engine_load == parent["eagle"].engine_load
+    parent["eagle"].engine_load, parent["eagle"].kv_cap = None, None  # the backend left routing
+    parent.publish_loads()
+    assert all(p.snapshot().get("eagle").kv_cap is None and p["eagle"].engine_load is None for p in workers)
+
+
+def test_the_load_integral_is_the_gateways(board: LoadBoard) -> None:
+    pools = [_pool(_attach(board, w)) for w in range(WORKERS)]
+    start = time.monotonic()
+    slots = [pools[w].acquire("plain") for w in range(WORKERS)]  # three requests, one per worker
+    now = time.monotonic()
+    area = pools[0]["plain"].load_area(now) - pools[0]["plain"].load_area(start)
+    assert area == pytest.approx(WORKERS * (now - start), rel=0.05, abs=1e-4)
+    for slot in slots:
+        slot.release()
+
+
+def _runtime(board: LoadBoard | None) -> Runtime:
+    backends = [BackendConfig(name=name, url=f"http://{name}", speculative=name == "eagle") for name in NAMES]
+    settings = Settings.model_validate({"backends": [b.model_dump() for b in backends]})
+    return Runtime(settings, backends, AdaptivePolicy(), GatewayMetrics(), board=board, poll_health=False)
+
+
+def test_every_worker_learns_every_completion_as_one_process_would(board: LoadBoard) -> None:
+    workers = [_runtime(_attach(board, w)) for w in range(WORKERS)]
+    single = _runtime(None)
+    rng = random.Random(3)
+    for i in range(400):
+        backend = rng.choice(NAMES)
+        n = rng.uniform(1, 40)
+        tokens = rng.randint(8, 300)
+        tpot = (0.010 if backend == "eagle" else 0.014) + (0.0012 if backend == "eagle" else 0.0003) * n
+        completion = Completion(backend, tokens, 0.05, tpot * (tokens - 1) * rng.uniform(0.9, 1.1), n, n, max(1, tokens // 3))
+        single.learn(completion)
+        workers[i % WORKERS].learn(completion)  # whichever worker relayed the response
+    expected = single.policy.describe()["beliefs"]["backends"]
+    for rt in workers:
+        rt.catch_up()
+        assert rt.policy.describe()["beliefs"]["backends"] == expected  # type: ignore[attr-defined]
