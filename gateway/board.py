@@ -30,7 +30,7 @@ _FIELDS = 6
 _RECORD = 7
 RING = 4096  # completion records kept; a worker further behind than this skips the oldest
 CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker discovered them
-LOAD_BYTES = 65536  # the backends' own /v1/loads and KV caps (JSON), as the health checker last polled them
+LOAD_BYTES = 65536  # the backends' own /v1/loads (JSON), as the health checker last polled them
 _HEADER = 4  # draining flag, completions written, model cards version, engine loads version
 _CARDS_VERSION, _LOADS_VERSION = 2, 3
 
@@ -164,7 +164,7 @@ class LoadBoard:
         """(version, JSON) of the cards as last published."""
         return self._read_blob(self._cards_at, _CARDS_VERSION)
 
-    # Engine loads: each backend's own /v1/loads and KV cap, written by the health checker at each poll.
+    # Engine loads: each backend's own /v1/loads, written by the health checker at each poll.
     @property
     def loads_version(self) -> int:
         return int(self._cells[_LOADS_VERSION])

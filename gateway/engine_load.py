@@ -45,30 +45,3 @@ def as_int(value: Any) -> int:
 def as_float(value: Any) -> float:
     """A reported figure as a float; 0.0 when it is missing or not a number."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
-# A backend counts as bound by its KV cache when requests wait while this much of it is in use
-# (SGLang admits a request only when its prompt and reserved output fit), and stays so until usage
-# falls below the lower mark: the gap keeps a cap from flapping at each poll.
-KV_FULL_USAGE = 0.9
-KV_FREE_USAGE = 0.8
-
-
-def kv_bound_cap(previous: int | None, load: EngineLoad | None) -> int | None:
-    """The most requests a backend can run now that its KV cache binds: None while it does not.
-
-    Co-located servers each hold a share of the group's memory, so with long contexts one runs out
-    of KV room while the policy still predicts it fastest; what it cannot run only queues there.
-    Bound (requests waiting, usage at `KV_FULL_USAGE`): the requests it runs. Kept (`previous`) until
-    usage falls below `KV_FREE_USAGE`, or when the backend gave no figures.
-    """
-    if load is None or not load.ranks:
-        return previous
-    running = sum(as_int(r.get("num_running_reqs")) for r in load.ranks)
-    waiting = sum(as_int(r.get("num_waiting_reqs")) for r in load.ranks)
-    usage = max(as_float(r.get("token_usage")) for r in load.ranks)
-    if waiting > 0 and usage >= KV_FULL_USAGE:
-        return max(1, running)
-    if usage < KV_FREE_USAGE:
-        return None
-    return previous

@@ -22,7 +22,7 @@ import logging
 import aiohttp
 
 from gateway.config import HealthConfig
-from gateway.engine_load import EngineLoad, kv_bound_cap, parse_engine_load
+from gateway.engine_load import EngineLoad, parse_engine_load
 from gateway.local_errors import local_kind
 from gateway.pool import Backend, Health, Pool
 from gateway.upstream import UpstreamClient, UpstreamStatusError
@@ -71,8 +71,8 @@ class HealthChecker:
             log.info("backend %s: %s -> %s%s", backend.name, backend.health.value, health.value, f" ({detail})" if detail else "")
             backend.health = health
             self._pool.publish_health(backend)
-            if health is not Health.READY and (backend.engine_load is not None or backend.kv_cap is not None):
-                backend.engine_load, backend.kv_cap = None, None  # figures of a backend out of routing are stale
+            if health is not Health.READY and backend.engine_load is not None:
+                backend.engine_load = None  # figures of a backend out of routing are stale
                 self._pool.publish_loads()
         backend.health_detail = detail
 
@@ -157,7 +157,6 @@ class HealthChecker:
             if backend.available:
                 load = await self._engine_load(backend)
                 backend.engine_load = load if backend.available else None
-                backend.kv_cap = kv_bound_cap(backend.kv_cap, backend.engine_load)
                 self._pool.publish_loads()
             await asyncio.sleep(self._config.ready_interval)
 

@@ -53,7 +53,6 @@ class BackendView:
     # token-bearing chunks relayed to them so far (a policy turns chunks into tokens).
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
-    kv_cap: int | None = None  # the requests its KV cache lets it run, while that binds (gateway/engine_load.py)
 
     def __post_init__(self) -> None:
         if not self.group:
@@ -117,7 +116,6 @@ class Backend:
     relayed_chunks: int = 0
     mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
     engine_load: EngineLoad | None = None  # its own /v1/loads at the last poll; None while not ready
-    kv_cap: int | None = None  # the requests its KV cache lets it run, while that binds; None: it does not
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
     _load_since: float = field(default_factory=time.monotonic)
@@ -151,7 +149,7 @@ class Backend:
             inflight, expected, chunks = self.inflight, self.expected_tokens, self.relayed_chunks
         else:
             inflight, expected, chunks = int(board.total(i, INFLIGHT)), board.total(i, EXPECTED), int(board.total(i, CHUNKS))
-        return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks, self.kv_cap)
+        return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks)
 
     @property
     def available(self) -> bool:
@@ -292,9 +290,9 @@ class Pool:
             self._board.write_cards(orjson.dumps(cards))
 
     def publish_loads(self) -> None:
-        """Tell the other workers each backend's own /v1/loads and KV cap, as the health checker polled them."""
+        """Tell the other workers each backend's own /v1/loads, as the health checker polled it."""
         if self._board is not None:
-            loads = {b.name: [b.kv_cap, engine_load_json(b.engine_load)] for b in self}
+            loads = {b.name: engine_load_json(b.engine_load) for b in self}
             self._board.write_loads(orjson.dumps(loads))
 
     def sync(self) -> None:
@@ -312,9 +310,9 @@ class Pool:
                     self._backends[name].served_model_name, self._backends[name].model_card = served, card
         if board.loads_version != self._loads_version:
             self._loads_version, payload = board.read_loads()
-            for name, (kv_cap, load) in (orjson.loads(payload) if payload else {}).items():
+            for name, load in (orjson.loads(payload) if payload else {}).items():
                 if name in self._backends:
-                    self._backends[name].kv_cap, self._backends[name].engine_load = kv_cap, parse_engine_load(load)
+                    self._backends[name].engine_load = parse_engine_load(load)
         for backend in self._backends.values():
             state = _STATES[board.health(backend.index)]
             if state is not Health.READY or backend.model_card is not None:

@@ -357,7 +357,7 @@ class AdaptivePolicy(Policy):
             view.speculative,
             view.available,
             view.inflight,
-            cap=_tighter(self.cap if view.speculative else None, view.kv_cap),
+            cap=self.cap if view.speculative else None,
             line=line,
             tau=tau,
             remaining=remaining,
@@ -385,8 +385,3 @@ class AdaptivePolicy(Policy):
 
     def _spec_factor(self, arm: Arm) -> float:
         return self._factor(bool(arm.speculative), arm.estimator.evidence)
-
-
-def _tighter(cap: int | None, other: int | None) -> int | None:
-    """The smaller of two caps (None: no cap)."""
-    return other if cap is None else cap if other is None else min(cap, other)

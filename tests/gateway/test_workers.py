@@ -85,18 +85,19 @@ def test_a_batch_counts_its_weight_in_every_worker(board: LoadBoard) -> None:
     assert all(pool.total_inflight == 0 for pool in pools)
 
 
-def test_the_health_checkers_engine_loads_and_kv_caps_reach_every_worker(board: LoadBoard) -> None:
+def test_the_health_checkers_engine_loads_reach_every_worker(board: LoadBoard) -> None:
     parent, workers = _pool(board), [_pool(_attach(board, w)) for w in range(WORKERS)]
     rank = {"dp_rank": 0, "num_running_reqs": 13, "num_waiting_reqs": 3, "token_usage": 0.97}
     parent["eagle"].engine_load = parse_engine_load({"version": "0.5.23", "num_accelerators": 1, "loads": [rank]})
-    parent["eagle"].kv_cap = 13
     parent.publish_loads()
     for pool in workers:
-        assert pool.snapshot().get("eagle").kv_cap == 13 and pool.snapshot().get("plain").kv_cap is None
-        assert pool["eagle"].engine_load == parent["eagle"].engine_load
-    parent["eagle"].engine_load, parent["eagle"].kv_cap = None, None  # the backend left routing
+        pool.sync()
+        assert pool["eagle"].engine_load == parent["eagle"].engine_load and pool["plain"].engine_load is None
+    parent["eagle"].engine_load = None  # the backend left routing
     parent.publish_loads()
-    assert all(p.snapshot().get("eagle").kv_cap is None and p["eagle"].engine_load is None for p in workers)
+    for pool in workers:
+        pool.sync()
+        assert pool["eagle"].engine_load is None
 
 
 def test_the_load_integral_is_the_gateways(board: LoadBoard) -> None:
