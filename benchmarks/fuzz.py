@@ -77,8 +77,20 @@ class FuzzResult:
                 self.bad_errors.append(f"{what} -> {status} {body[:120]!r}")
             elif status >= 500:
                 (self.backend_5xx if error.get("code") in NOT_THE_GATEWAY else self.gateway_5xx).append(f"{what} -> {status} {error}")
-        elif content_type.startswith("text/event-stream") and not body.endswith(b"data: [DONE]\n\n"):
+        elif content_type.startswith("text/event-stream") and not _stream_ended(what, body):
             self.bad_streams.append(f"{what} -> ...{body[-120:]!r}")
+
+
+def _stream_ended(what: str, body: bytes) -> bool:
+    """Whether an SSE body ended as its API ends a stream: `data: [DONE]`, or for the Responses API
+    (which has no [DONE]) its terminal event."""
+    if " /v1/responses" in what:
+        last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        return any(f"event: {kind}".encode() in last for kind in _RESPONSES_TERMINAL)
+    return body.endswith(b"data: [DONE]\n\n")
+
+
+_RESPONSES_TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
 
 
 def _error_of(body: bytes) -> dict[str, Any] | None:

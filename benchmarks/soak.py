@@ -2,7 +2,7 @@
 
 Counts every request as completed (a full response), refused (an OpenAI error the client can act
 on) or lost (anything else: a timeout, a cut connection, a stream without `data: [DONE]`), and
-samples the gateway process's RSS and open file descriptors every second. The bounds: 0 lost;
+samples the gateway's RSS and open file descriptors (its main process and workers) every second. The bounds: 0 lost;
 RSS growth under 10% from the baseline sample to the last sample under load; file descriptors
 at the end of the load no more than at the baseline plus the slack the connection pools may
 still open (they are bounded by the concurrency), and back near their idle level afterwards.
@@ -138,9 +138,21 @@ def _baseline_reached(spec: str, sample: Sample, total: int) -> bool:
     return sample.at >= float(spec.removesuffix("s"))
 
 
+def _gateway_usage(proc: psutil.Process) -> tuple[int, int]:
+    """(RSS bytes, open fds) of the gateway: its main process and its workers, not the simulators it started."""
+    procs = [proc] + [c for c in proc.children(recursive=True) if "backends.sim" not in " ".join(c.cmdline())]
+    rss = fds = 0
+    for p in procs:
+        try:
+            rss, fds = rss + p.memory_info().rss, fds + p.num_fds()
+        except psutil.NoSuchProcess:  # a worker replaced between the listing and the read
+            continue
+    return rss, fds
+
+
 async def _sample(proc: psutil.Process, started: float, result: SoakResult, done: list[int], stop: asyncio.Event) -> None:
     while not stop.is_set():
-        sample = Sample(time.monotonic() - started, done[0], proc.memory_info().rss, proc.num_fds())
+        sample = Sample(time.monotonic() - started, done[0], *_gateway_usage(proc))
         result.samples.append(sample)
         if result.baseline is None and _baseline_reached(result.settings.baseline, sample, result.settings.requests):
             result.baseline = sample
@@ -199,12 +211,12 @@ async def run_soak(settings: SoakSettings, log_dir: Path) -> SoakResult:
             sampler = asyncio.create_task(_sample(proc, started, result, done, stop))
             await closed_loop(send, specs, settings.concurrency)
             result.seconds = time.monotonic() - started
-            result.final = Sample(result.seconds, done[0], proc.memory_info().rss, proc.num_fds())
+            result.final = Sample(result.seconds, done[0], *_gateway_usage(proc))
             stop.set()
             await sampler
             await session.close()  # the clients' connections close; the gateway's side should follow
             await asyncio.sleep(3.0)
-            result.idle_fds = proc.num_fds()
+            result.idle_fds = _gateway_usage(proc)[1]
         async with open_session(4, 30) as probe:
             result.inflight_after = await _metric(probe, url, "specgate_inflight_requests")
             result.gateway_counted = await _metric(probe, url, "specgate_requests_total")

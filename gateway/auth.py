@@ -17,7 +17,7 @@ from gateway.config import SecurityConfig
 from gateway.errors import OpenAIError
 
 _PROBES = ("/health", "/ready")
-_SGLANG_ADMIN = ("/abort_request", "/flush_cache")
+SGLANG_ADMIN_PATHS = ("/abort_request", "/flush_cache")
 
 
 class AuthMiddleware:
@@ -30,7 +30,7 @@ class AuthMiddleware:
         self._open = _PROBES + (("/metrics",) if security.metrics_public else ())
 
     def _keys_for(self, path: str) -> list[bytes]:
-        if (path.startswith("/admin") or path in _SGLANG_ADMIN) and self._admin_key is not None:
+        if (path.startswith("/admin") or path in SGLANG_ADMIN_PATHS) and self._admin_key is not None:
             return [self._admin_key]
         return self._client_keys
 

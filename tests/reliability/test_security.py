@@ -21,6 +21,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from gateway.auth import SGLANG_ADMIN_PATHS
 from backends.testbed import SimFactory, start_gateway
 from tests.aioserve import serving_app
 from tests.reliability.stack import JSON, Stack, gateway_env, running_stack, until
@@ -72,7 +73,7 @@ async def test_every_route_but_the_probes_needs_a_valid_key(
         wrong = [{}, _bearer("sk-wrong"), {"authorization": f"Basic {CLIENT_KEYS[0]}"}, {"authorization": CLIENT_KEYS[0]},
                  _bearer(CLIENT_KEYS[0] + "x"), _bearer(CLIENT_KEYS[0][:-1])]
         for method, path in routes:
-            admin = path.startswith("/admin")
+            admin = path.startswith("/admin") or path in SGLANG_ADMIN_PATHS
             valid = _bearer(ADMIN_KEY) if admin else _bearer(CLIENT_KEYS[1])
             for headers in wrong + ([_bearer(CLIENT_KEYS[0])] if admin else []):
                 status, body = await _status(stack, method, path, headers)
