@@ -1,7 +1,6 @@
 """Benchmark: does the simulator reproduce its profiles' modelled throughput, role by role?
 
-For each built-in profile, each measured profile file (`backends/sim/measured/`, step-time tables
-instead of straight lines) and each role a sim runs as its own process at a small time scale, and a closed
+For each built-in profile and role a sim runs as its own process at a small time scale, and a closed
 loop of C non-streaming clients (aiohttp) sends fixed-length completions (`max_tokens`=L,
 `ignore_eos`) back to back for at least a second per level. The measured output throughput (sum of
 the clients' own rates, converted back to time-scale 1) is compared with
@@ -22,7 +21,7 @@ import click
 import uvloop
 from rich.console import Console
 
-from backends.sim.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, ROLES, Role, load_profile
+from backends.sim.profiles import BUILTIN_PROFILES, ROLES, Role, load_profile
 from backends.sim.tokenizer import count_tokens
 from backends.testbed import start_sim
 from benchmarks.output import publish
@@ -30,13 +29,6 @@ from loadtest.steady_rate import PROMPT_16 as PROMPT
 from loadtest.steady_rate import closed_loop
 
 LEVELS = (1, 2, 8, 32, 128)
-MEASURED = Path(__file__).resolve().parents[1] / "backends" / "sim" / "measured"
-
-
-def profile_sources() -> list[tuple[str, Path | None]]:
-    """(name, file) of every profile to check: the built-in ones, then each measured profile file."""
-    builtin: list[tuple[str, Path | None]] = [(name, None) for name in sorted(BUILTIN_PROFILES)]
-    return builtin + [(load_profile(DEFAULT_PROFILE, path).name, path) for path in sorted(MEASURED.glob("*.toml"))]
 
 
 def levels_for(cap: int) -> list[int]:
@@ -46,14 +38,12 @@ def levels_for(cap: int) -> list[int]:
 
 
 def measure(
-    source: tuple[str, Path | None], role: Role, time_scale: float, output_tokens: int, workdir: Path
+    profile_name: str, role: Role, time_scale: float, output_tokens: int, workdir: Path
 ) -> list[tuple[int, float, float]]:
     """(concurrency, modelled tok/s, measured tok/s) per level, at time-scale 1."""
-    name, path = source
-    profile = load_profile(DEFAULT_PROFILE, path) if path else load_profile(name)
-    log = workdir / f"fidelity-{name}-{role}.log"
-    chosen = ("--profile-file", str(path)) if path else ("--profile", name)
-    sim = start_sim("--role", role, *chosen, "--time-scale", str(time_scale), timeout=30, log_path=log)
+    profile = load_profile(profile_name)
+    log = workdir / f"fidelity-{profile_name}-{role}.log"
+    sim = start_sim("--role", role, "--profile", profile_name, "--time-scale", str(time_scale), timeout=30, log_path=log)
     rows = []
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -75,7 +65,7 @@ def measure(
     "--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/sim-fidelity"), show_default=True
 )
 def main(time_scale: float, output_tokens: int, out: Path | None, workdir: Path) -> None:
-    """Measured against modelled closed-loop throughput for every built-in and measured profile and role."""
+    """Measured against modelled closed-loop throughput for every built-in profile and role."""
     workdir.mkdir(parents=True, exist_ok=True)
     console = Console()
     lines = [
@@ -87,18 +77,17 @@ def main(time_scale: float, output_tokens: int, out: Path | None, workdir: Path)
             f"One sim process per profile and role at time-scale {time_scale:g}, closed loop of C non-streaming "
             f"clients, L={output_tokens} output tokens, {count_tokens(PROMPT)} prompt tokens, at least 1 s per level; "
             "tok/s converted back to time-scale 1. Modelled = `Profile.closed_loop_throughput`. Levels stop at each "
-            "role's running cap (48 for EAGLE). `h200-llama8b` is the measured profile "
-            "(`backends/sim/measured/h200-llama8b.toml`): step times are its piecewise-linear `step_ms` tables."
+            "role's running cap (48 for EAGLE). `h200-llama8b` is the profile measured on an H200 "
+            "(`backends/sim/measured/h200-llama8b.toml`): its step times are piecewise-linear `step_ms` tables."
         ),
         "",
         "| profile | role | C | modelled tok/s | measured tok/s | measured / modelled |",
         "|---|---|---|---|---|---|",
     ]
     worst = 0.0
-    for source in profile_sources():
-        profile_name = source[0]
+    for profile_name in sorted(BUILTIN_PROFILES):
         for role in ROLES:
-            for concurrency, modelled, measured in measure(source, role, time_scale, output_tokens, workdir):
+            for concurrency, modelled, measured in measure(profile_name, role, time_scale, output_tokens, workdir):
                 ratio = measured / modelled
                 worst = max(worst, abs(ratio - 1))
                 console.print(f"{profile_name} {role} C={concurrency}: {measured:.0f} vs {modelled:.0f} ({ratio:.3f})")

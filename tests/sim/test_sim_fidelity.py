@@ -11,11 +11,9 @@ run at time scale 0.5, where the same gap is a fifth of the share it would be at
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from backends.sim.profiles import DEFAULT_PROFILE, load_profile
+from backends.sim.profiles import load_profile
 from backends.testbed import SimFactory
 from loadtest.steady_rate import best_closed_loop
 
@@ -47,17 +45,16 @@ async def test_field_profile_throughput_matches_model(sims: SimFactory) -> None:
     assert measured["plain", 32] >= 1.8 * measured["eagle", 32]  # modelled 2.02x
 
 
-MEASURED_PROFILE = Path(__file__).resolve().parents[2] / "backends" / "sim" / "measured" / "h200-llama8b.toml"
 TABLE_LEVELS = {1: 1.0, 8: 1.0, 48: 0.5}  # concurrency: time scale (the H200's steps are 5-12 ms)
 
 
 @pytest.mark.simtiming
 async def test_measured_table_profile_throughput_matches_model(sims: SimFactory) -> None:
     """A `step_ms` table profile (the H200 measurement) within the same margins as the straight lines."""
-    profile = load_profile(DEFAULT_PROFILE, MEASURED_PROFILE)
+    profile = load_profile("h200-llama8b")
     assert profile.plain.step_table is not None and profile.eagle.step_table is not None
     urls = {
-        (role, scale): sims.start("--role", role, "--profile-file", str(MEASURED_PROFILE), "--time-scale", str(scale)).url()
+        (role, scale): sims.start("--role", role, "--profile", "h200-llama8b", "--time-scale", str(scale)).url()
         for scale in sorted(set(TABLE_LEVELS.values()))
         for role in ("eagle", "plain")
     }
