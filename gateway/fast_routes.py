@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.policy import MODE_EAGLE, MODE_PLAIN
 from gateway.proxy import ProxyResponse
-from gateway.proxy_job import ProxyJob
+from gateway.proxy_job import ProxyJob, choices
 from gateway.runtime import Runtime
 from gateway.schemas import surely_valid, wants_usage
 from gateway.tiers import TIER_FIELD, TIER_HEADER
@@ -135,4 +135,5 @@ class FastProxyRoutes:
             forced=forced,
             request_id=os.urandom(16).hex(),  # uuid4().hex's shape at a third of its cost
             arrived_at=scope.get("state", {}).get("arrived_at", time.monotonic()),
+            weight=choices(body),
         )

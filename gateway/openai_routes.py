@@ -12,7 +12,7 @@ from starlette.responses import Response
 from gateway.errors import OpenAIError
 from gateway.policy import MODE_EAGLE, MODE_PLAIN
 from gateway.proxy import ProxyResponse
-from gateway.proxy_job import ProxyJob
+from gateway.proxy_job import ProxyJob, choices
 from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_FIELD, TIER_HEADER, requested_tier
@@ -71,6 +71,7 @@ async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, 
         arrived_at=request.scope.get("state", {}).get("arrived_at", time.monotonic()),
         tier=tier or DEFAULT,
         echo_tier=tier is not None,
+        weight=choices(body),
     )
     return ProxyResponse(rt, job)
 

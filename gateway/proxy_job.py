@@ -33,3 +33,9 @@ class ProxyJob:
     def max_tokens(self) -> int | None:
         """The client's limit on output tokens, when it gave one (the routing policy's expected length)."""
         return self.dialect.max_tokens(self.body)
+
+
+def choices(body: dict[str, Any]) -> int:
+    """The sequences an OpenAI request runs upstream: its `n` (SGLang decodes each choice as a request)."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1

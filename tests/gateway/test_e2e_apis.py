@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from backends.testbed import GatewayProcess, start_gateway
+from tests.gateway.test_e2e_faults import eventually
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -207,6 +208,16 @@ def test_streamed_chat_n_choices_interleave_through_the_gateway(gateway: Gateway
     assert finishes == {0: "length", 1: "length"}
     assert all(len(text.split()) == 4 for text in texts.values())
     assert inflight(gateway) == 0
+
+
+def test_chat_n_choices_hold_n_in_flight_slots(gateway: GatewayProcess, client: openai.OpenAI, model: str) -> None:
+    # SGLang decodes each of the n choices as a request of its own, so the slot counts n.
+    with client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Many words."}], n=3, max_tokens=2000, stream=True
+    ) as stream:
+        next(iter(stream))
+        assert inflight(gateway) == 3
+    eventually(lambda: inflight(gateway) == 0, 5.0, "the client left: all three slots released")
 
 
 def test_chat_json_schema_response_format(client: openai.OpenAI, model: str) -> None:
