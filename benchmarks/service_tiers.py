@@ -14,34 +14,27 @@ Usage:
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import click
-import orjson
-import tomli_w
 import uvloop
 
-from backends.process import Child
-from backends.readiness import wait_until_ready
+from benchmarks.gateway_stack import GatewayStack
 from benchmarks.output import publish
 from gateway.tiers import TIER_HEADER
 from loadtest.client import TargetClient, TargetOptions, open_session, served_model
-from loadtest.envelope.harness import Ports, StackSettings, gateway_config, specgate_executable
+from loadtest.envelope.harness import Ports, StackSettings
 from loadtest.envelope.timescale import auto_time_scale, profile_for
 from loadtest.load import closed_loop
 from loadtest.prompts import PromptFactory
 from loadtest.records import LevelRun, RequestRecord, RequestSpec
 from loadtest.stats import output_tokens, request_tpot
 
-STARTUP_TIMEOUT = 120.0
 # Levels where the partitioned servers share the load (field-8gpu's crossover is about 1.7 in
 # flight; llama8b-h100's EAGLE server reaches its plain server's idle TPOT at about 51).
 LEVELS = {"field-8gpu": (8, 16, 32), "llama8b-h100": (32, 64, 128)}
@@ -60,44 +53,6 @@ class Outcome:
     marked_on_eagle: float
     other_on_eagle: float
     errors: int
-
-
-class Stack:
-    """One gateway and its two simulated servers; stopped on every path."""
-
-    def __init__(self, profile: str, scale: float, seed: int, work: Path) -> None:
-        self.ports = Ports.pick("partitioned")
-        stack = StackSettings(profile, None, "partitioned", "adaptive", {}, scale, seed)
-        work.mkdir(parents=True, exist_ok=True)
-        config_path = work / "specgate.toml"
-        config_path.write_text(tomli_w.dumps(gateway_config(stack, self.ports)))
-        self.child = Child("gateway", [specgate_executable(), "serve", "--config", str(config_path)], log_path=work / "gateway.log")
-        self.url = f"http://127.0.0.1:{self.ports.gateway}"
-
-    async def __aenter__(self) -> Stack:
-        self.child.start()
-        try:
-            for port in (self.ports.eagle, self.ports.plain, self.ports.gateway):
-                await wait_until_ready(f"http://127.0.0.1:{port}", self.child, STARTUP_TIMEOUT)
-            await self._both_ready()
-        except BaseException:
-            await self.child.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.child.stop()
-
-    async def _both_ready(self) -> None:
-        async with aiohttp.ClientSession() as session:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while time.monotonic() < deadline:
-                async with session.get(self.url + "/admin/status") as resp:
-                    status = orjson.loads(await resp.read())
-                if all(b["state"] == "ready" for b in status["backends"]):
-                    return
-                await asyncio.sleep(0.2)
-        raise RuntimeError(f"the gateway never saw both backends ready:\n{self.child.last_lines()}")
 
 
 def level_specs(concurrency: int, requests: int, seed: int, input_len: int, output_len: int) -> list[RequestSpec]:
@@ -134,7 +89,8 @@ async def run_stack(
 ) -> dict[int, Outcome]:
     """Every level through one fresh stack; marked requests as priority when `tiered`."""
     outcomes: dict[int, Outcome] = {}
-    async with Stack(profile, scale, seed, work) as stack, open_session(max(levels) + 8, 3600.0) as session:
+    stack_settings = StackSettings(profile, None, "partitioned", "adaptive", {}, scale, seed)
+    async with GatewayStack(stack_settings, Ports.pick("partitioned"), work) as stack, open_session(max(levels) + 8, 3600.0) as session:
         model = await served_model(session, stack.url, None)
         default = TargetClient(session, stack.url, model, TargetOptions())
         priority = TargetClient(session, stack.url, model, TargetOptions(headers=((TIER_HEADER, "priority"),)))

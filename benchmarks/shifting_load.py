@@ -13,40 +13,34 @@ Usage:
 
 from __future__ import annotations
 
-import asyncio
 import random
 import shlex
 import shutil
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import click
 import matplotlib
 import orjson
-import tomli_w
 import uvloop
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from backends.process import Child  # noqa: E402
-from backends.readiness import wait_until_ready  # noqa: E402
 from backends.sim.profiles import load_profile  # noqa: E402
+from benchmarks.gateway_stack import GatewayStack  # noqa: E402
 from loadtest.client import TargetClient, TargetOptions, open_session, served_model  # noqa: E402
-from loadtest.envelope.harness import Ports, StackSettings, gateway_config, specgate_executable  # noqa: E402
+from loadtest.envelope.harness import Ports, StackSettings  # noqa: E402
 from loadtest.envelope.timescale import CHUNK_BUDGET, MIN_SCALE  # noqa: E402
 from loadtest.load import closed_loop, open_loop  # noqa: E402
 from loadtest.prompts import PromptFactory  # noqa: E402
 from loadtest.records import RequestRecord, RequestSpec  # noqa: E402
 from loadtest.stats import request_tpot  # noqa: E402
 
-STARTUP_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -101,60 +95,14 @@ def schedule(phases: list[Phase], seed: int) -> list[float]:
     return arrivals
 
 
-class Stack:
-    """One gateway (and its simulated servers) with one policy; stopped on every path."""
-
-    def __init__(
-        self, profile: str, topology: str, run: Run, time_scale: float, seed: int, eagle_cap: int | None, work: Path
-    ) -> None:
-        self.ports = Ports.pick(topology)  # type: ignore[arg-type]
-        stack = StackSettings(profile, None, topology, run.policy, run.params, time_scale, seed, eagle_cap)  # type: ignore[arg-type]
-        self.config = gateway_config(stack, self.ports)
-        work.mkdir(parents=True, exist_ok=True)
-        self.config_path = work / "specgate.toml"
-        self.config_path.write_text(tomli_w.dumps(self.config))
-        self.child = Child("gateway", [specgate_executable(), "serve", "--config", str(self.config_path)], log_path=work / "gateway.log")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.gateway}"
-
-    async def __aenter__(self) -> Stack:
-        self.child.start()
-        try:
-            for port in (self.ports.eagle, self.ports.plain, self.ports.gateway):
-                await wait_until_ready(f"http://127.0.0.1:{port}", self.child, STARTUP_TIMEOUT)
-            await self._both_ready()
-        except BaseException:
-            await self.child.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.child.stop()
-
-    async def _both_ready(self) -> None:
-        async with aiohttp.ClientSession() as session:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while time.monotonic() < deadline:
-                async with session.get(self.url + "/admin/status") as resp:
-                    status = orjson.loads(await resp.read())
-                if all(b["state"] == "ready" for b in status["backends"]):
-                    return
-                await asyncio.sleep(0.2)
-        raise RuntimeError(f"the gateway never saw both backends ready:\n{self.child.last_lines()}")
-
-    async def status(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as session, session.get(self.url + "/admin/status") as resp:
-            return orjson.loads(await resp.read())
-
-
 async def run_one(
     profile: str, topology: str, run: Run, scale: float, seed: int, eagle_cap: int | None,
     specs: list[RequestSpec], arrivals: list[float], work: Path,
 ) -> tuple[list[RequestRecord], float, dict[str, Any]]:
     """The schedule through one policy: its records, the run's start time, and the final /admin/status."""
-    async with Stack(profile, topology, run, scale, seed, eagle_cap, work) as stack, open_session(len(specs) + 8, 3600.0) as session:
+    settings = StackSettings(profile, None, topology, run.policy, run.params, scale, seed, eagle_cap)  # type: ignore[arg-type]
+    ports = Ports.pick(topology)  # type: ignore[arg-type]
+    async with GatewayStack(settings, ports, work) as stack, open_session(len(specs) + 8, 3600.0) as session:
         client = TargetClient(session, stack.url, await served_model(session, stack.url, None), TargetOptions())
         warmup = list(PromptFactory(specs[0].input_len, 16, seed=seed - 1).take(2))
         await closed_loop(client.send, warmup, concurrency=2)  # as the envelope's warm-up

@@ -15,7 +15,8 @@ import openai
 import orjson
 import pytest
 
-from backends.testbed import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess
+from tests.gateway.conftest import serving
 from tests.gateway.test_e2e_faults import eventually
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,21 +45,7 @@ def gateway() -> Iterator[GatewayProcess]:
         "SPECGATE_LAUNCH__EAGLE__EXTRA_ARGS": _STORE,
         "SPECGATE_LAUNCH__PLAIN__EXTRA_ARGS": _STORE,
     }
-    gw = start_gateway(env=env)
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture(scope="module")
-def model(gateway: GatewayProcess) -> str:
-    return httpx.get(gateway.url + "/v1/models").json()["data"][0]["id"]
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    yield from serving(env)
 
 
 def inflight(gateway: GatewayProcess) -> int:

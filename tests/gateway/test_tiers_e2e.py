@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from backends.testbed import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess
+from tests.gateway.conftest import serving
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -21,21 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
     env = {"SPECGATE_LAUNCH__TIME_SCALE": "0.1", "SPECGATE_POLICY__NAME": "threshold", "SPECGATE_POLICY__THRESHOLD": "1"}
-    gw = start_gateway(env=env)
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture(scope="module")
-def model(gateway: GatewayProcess) -> str:
-    return httpx.get(gateway.url + "/v1/models").json()["data"][0]["id"]
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    yield from serving(env)
 
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
