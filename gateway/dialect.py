@@ -20,8 +20,11 @@ from gateway.relay import DONE, ChunkReader, StreamResult, read_openai_chunk, re
 from gateway.stream_dialects import (
     ollama_stream_error,
     ollama_usage,
-    relay_ollama_stream,
-    relay_responses_stream,
+    LINE,
+    SSE_SEPARATOR,
+    inspect_ollama_line,
+    inspect_responses_event,
+    relay_frames,
     responses_stream_error,
     responses_usage,
 )
@@ -104,8 +107,11 @@ class ResponsesDialect(_BodyOnlyModel):
     def usage(self, response: Any) -> Body | None:
         return responses_usage(response.get("usage"))
 
-    async def relay(self, resp: aiohttp.ClientResponse, send: Send, **options: Any) -> StreamResult:
-        return await relay_responses_stream(resp, send, **options)
+    async def relay(self, resp: aiohttp.ClientResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
+        # `strip_usage` is moot: the usage is part of the last event, which the client gets whole.
+        return await relay_frames(
+            resp, send, separator=SSE_SEPARATOR, inspect=inspect_responses_event, on_error=self.stream_error, **options
+        )
 
     def stream_error(self, err: OpenAIError) -> bytes:
         return responses_stream_error(err)
@@ -125,8 +131,9 @@ class OllamaDialect(_BodyOnlyModel):
     def usage(self, response: Any) -> Body | None:
         return ollama_usage(response)
 
-    async def relay(self, resp: aiohttp.ClientResponse, send: Send, **options: Any) -> StreamResult:
-        return await relay_ollama_stream(resp, send, **options)
+    async def relay(self, resp: aiohttp.ClientResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
+        # `strip_usage` is moot: nothing was asked for on the client's behalf.
+        return await relay_frames(resp, send, separator=LINE, inspect=inspect_ollama_line, on_error=self.stream_error, **options)
 
     def stream_error(self, err: OpenAIError) -> bytes:
         return ollama_stream_error(err)

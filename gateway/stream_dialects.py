@@ -25,8 +25,8 @@ from starlette.types import Send
 from gateway.errors import OpenAIError
 from gateway.relay import StreamResult
 
-_SSE_SEPARATOR = b"\n\n"
-_LINE = b"\n"
+SSE_SEPARATOR = b"\n\n"
+LINE = b"\n"
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
@@ -66,7 +66,7 @@ def ollama_usage(body: dict[str, Any]) -> dict[str, Any] | None:
 
 def inspect_responses_event(frame: bytes) -> tuple[Frame, dict[str, Any] | None]:
     """Classify one SSE event of a Responses stream (its `event:` line is ignored, `type` says it all)."""
-    data = b"".join(line[5:].strip() for line in frame.split(_LINE) if line.startswith(b"data:"))
+    data = b"".join(line[5:].strip() for line in frame.split(LINE) if line.startswith(b"data:"))
     if not data:
         return Frame.OTHER, None
     try:
@@ -113,10 +113,10 @@ def responses_stream_error(err: OpenAIError) -> bytes:
 
 def ollama_stream_error(err: OpenAIError) -> bytes:
     """A gateway failure inside an Ollama stream: Ollama's `{"error": "..."}` line."""
-    return orjson.dumps({"error": err.message}) + _LINE
+    return orjson.dumps({"error": err.message}) + LINE
 
 
-async def _relay_frames(
+async def relay_frames(
     resp: aiohttp.ClientResponse,
     send: Send,
     *,
@@ -172,47 +172,3 @@ async def _relay_frames(
     failure = OpenAIError(502, f"upstream stream failed: {result.error_kind}", code=result.error_kind)
     await send({"type": "http.response.body", "body": on_error(failure), "more_body": True})
     return result
-
-
-async def relay_responses_stream(
-    resp: aiohttp.ClientResponse,
-    send: Send,
-    *,
-    strip_usage: bool,
-    idle_timeout: float,
-    on_token: Callable[[float, bool], None],
-    on_gap: Callable[[float], None],
-) -> StreamResult:
-    """Relay a Responses API event stream (`strip_usage` is moot: its usage is part of the last event)."""
-    return await _relay_frames(
-        resp,
-        send,
-        separator=_SSE_SEPARATOR,
-        inspect=inspect_responses_event,
-        on_error=responses_stream_error,
-        idle_timeout=idle_timeout,
-        on_token=on_token,
-        on_gap=on_gap,
-    )
-
-
-async def relay_ollama_stream(
-    resp: aiohttp.ClientResponse,
-    send: Send,
-    *,
-    strip_usage: bool,
-    idle_timeout: float,
-    on_token: Callable[[float, bool], None],
-    on_gap: Callable[[float], None],
-) -> StreamResult:
-    """Relay an Ollama NDJSON stream (`strip_usage` is moot: nothing was asked on the client's behalf)."""
-    return await _relay_frames(
-        resp,
-        send,
-        separator=_LINE,
-        inspect=inspect_ollama_line,
-        on_error=ollama_stream_error,
-        idle_timeout=idle_timeout,
-        on_token=on_token,
-        on_gap=on_gap,
-    )

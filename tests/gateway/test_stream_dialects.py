@@ -11,9 +11,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from gateway.dialect import OLLAMA, RESPONSES
 from gateway.relay import StreamResult
 from gateway.response_homes import ResponseHomes, response_id_for
-from gateway.stream_dialects import relay_ollama_stream, relay_responses_stream
 
 
 def typed(kind: str, **fields: Any) -> bytes:
@@ -78,14 +78,14 @@ async def run(relay: Any, resp: aiohttp.ClientResponse) -> tuple[bytes, StreamRe
 
 async def test_responses_events_pass_untouched_and_usage_comes_from_the_last(upstream) -> None:  # type: ignore[no-untyped-def]
     parts = [CREATED, DELTA, DELTA[:9], DELTA[9:], ITEM_DONE, COMPLETED]
-    out, result, tokens = await run(relay_responses_stream, await upstream(parts))
+    out, result, tokens = await run(RESPONSES.relay, await upstream(parts))
     assert out == b"".join(parts)
     assert result.error_kind is None and tokens == 2 and result.token_chunks == 2
     assert result.usage == {"prompt_tokens": 7, "completion_tokens": 2}
 
 
 async def test_responses_stream_cut_before_its_last_event_ends_with_an_error_event(upstream) -> None:  # type: ignore[no-untyped-def]
-    out, result, _ = await run(relay_responses_stream, await upstream([CREATED, DELTA]))
+    out, result, _ = await run(RESPONSES.relay, await upstream([CREATED, DELTA]))
     assert result.error_kind == "truncated" and result.usage is None
     tail = out[len(CREATED + DELTA) :]
     assert tail.startswith(b"event: error\ndata: ")
@@ -94,14 +94,14 @@ async def test_responses_stream_cut_before_its_last_event_ends_with_an_error_eve
 
 async def test_failed_response_is_relayed_and_marked(upstream) -> None:  # type: ignore[no-untyped-def]
     failed = typed("response.failed", response={"id": "resp_1", "status": "failed", "usage": None})
-    out, result, _ = await run(relay_responses_stream, await upstream([CREATED, failed]))
+    out, result, _ = await run(RESPONSES.relay, await upstream([CREATED, failed]))
     assert out == CREATED + failed and result.error_kind == "stream_error"
 
 
 async def test_ollama_lines_pass_untouched_and_counts_come_from_the_done_line(upstream) -> None:  # type: ignore[no-untyped-def]
     text = line(model="m", message={"role": "assistant", "content": " a"}, done=False)
     done = line(model="m", message={"role": "assistant", "content": ""}, done=True, prompt_eval_count=4, eval_count=2)
-    out, result, tokens = await run(relay_ollama_stream, await upstream([text, text[:5], text[5:], done]))
+    out, result, tokens = await run(OLLAMA.relay, await upstream([text, text[:5], text[5:], done]))
     assert out == text * 2 + done
     assert tokens == 2 and result.error_kind is None
     assert result.usage == {"prompt_tokens": 4, "completion_tokens": 2}
@@ -109,7 +109,7 @@ async def test_ollama_lines_pass_untouched_and_counts_come_from_the_done_line(up
 
 async def test_ollama_garbage_ends_the_stream_with_an_ollama_error_line(upstream) -> None:  # type: ignore[no-untyped-def]
     text = line(model="m", response=" a", done=False)
-    out, result, _ = await run(relay_ollama_stream, await upstream([text, b"{not json\n", text]))
+    out, result, _ = await run(OLLAMA.relay, await upstream([text, b"{not json\n", text]))
     assert result.error_kind == "malformed_event"
     assert out.startswith(text) and orjson.loads(out[len(text) :])["error"].endswith("malformed_event")
 
@@ -140,5 +140,5 @@ def test_unknown_response_has_no_home() -> None:
 
 async def test_relays_do_not_wait_past_the_last_frame(upstream) -> None:  # type: ignore[no-untyped-def]
     # The last event ends the relay even though the (scripted) connection would send more.
-    out, result, _ = await asyncio.wait_for(run(relay_responses_stream, await upstream([COMPLETED, DELTA])), 5)
+    out, result, _ = await asyncio.wait_for(run(RESPONSES.relay, await upstream([COMPLETED, DELTA])), 5)
     assert out == COMPLETED and result.error_kind is None
