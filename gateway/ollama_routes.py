@@ -69,15 +69,7 @@ async def _from_any_ready(rt: Runtime, path: str, body: bytes | None = None) -> 
         raise OpenAIError(503, "no backend is ready", code="no_backend_available", type="server_error")
     upstream = rt.upstreams[backend.name]
     try:
-        if body is None:
-            status, payload, content_type = await upstream.get(path, rt.settings.health.ready_timeout * 5)
-        else:
-            resp = await upstream.post(path, body)
-            try:
-                status, payload = resp.status, await resp.read()
-                content_type = resp.headers.get("Content-Type", "application/json")
-            finally:
-                resp.release()
+        status, payload, content_type = await upstream.fetch(path, body, rt.settings.health.ready_timeout * 5)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise OpenAIError(502, f"backend {backend.name} did not answer {path}", code="upstream_unreachable", type="server_error") from exc
     return backend.name, status, payload, content_type

@@ -98,15 +98,8 @@ async def _at_home(rt: Runtime, response_id: str, path: str, method: str) -> Res
     path = path.format(quote(response_id, safe=""))  # an id is one path segment, whatever it holds
     upstream = rt.upstreams[name]
     try:
-        if method == "GET":
-            status, payload, content_type = await upstream.get(path, rt.settings.timeouts.first_byte)
-        else:
-            resp = await upstream.post(path, b"{}")
-            try:
-                status, payload = resp.status, await resp.read()
-                content_type = resp.headers.get("Content-Type", "application/json")
-            finally:
-                resp.release()
+        body = None if method == "GET" else b"{}"
+        status, payload, content_type = await upstream.fetch(path, body, rt.settings.timeouts.first_byte)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise OpenAIError(
             502, f"backend {name}, which holds response {response_id}, did not answer", code="upstream_unreachable", type="server_error"

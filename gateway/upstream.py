@@ -118,6 +118,17 @@ class UpstreamClient:
             async with self._management.get(self.base_url + path, headers=headers) as resp:
                 return resp.status, await resp.read(), resp.headers.get("Content-Type", "application/json")
 
+    async def fetch(self, path: str, body: bytes | None, timeout: float) -> tuple[int, bytes, str]:
+        """A small non-generation call: GET when `body` is None (bounded by `timeout`), else POST it
+        (bounded like any request sent upstream); (status, body, content type)."""
+        if body is None:
+            return await self.get(path, timeout)
+        resp = await self.post(path, body)
+        try:
+            return resp.status, await resp.read(), resp.headers.get("Content-Type", "application/json")
+        finally:
+            resp.release()
+
     async def get_json(self, path: str, timeout: float) -> Any:
         """GET and decode JSON; raises on a non-200 status."""
         status, body, _ = await self.get(path, timeout)

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from backends.sim.protocol import ChatCompletionRequest
+from backends.sim.render import chat_completion
 
 _END = b"\n\n"
 _PIECES = re.compile(r"\s*\S+|\s+")
@@ -191,14 +192,4 @@ class ExtrasChatRenderer:
         }
 
     def complete(self, text: str, reason: str, matched_stop: str | int | None, usage: dict[str, Any]) -> bytes:
-        return orjson.dumps(
-            {
-                "id": self.rid,
-                "object": "chat.completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [self.choice(text, reason, matched_stop)],
-                "usage": usage,
-                "metadata": None,
-            }
-        )
+        return chat_completion(self.rid, self.created, self.model, self.choice(text, reason, matched_stop), usage)

@@ -101,30 +101,15 @@ class ChatRenderer(_Base):
         return last + self._head + _OPEN_CHOICE + b'"delta":{},' + _finish(reason, matched_stop) + b"}" + _END
 
     def complete(self, text: str, reason: str, matched_stop: str | int | None, usage: dict[str, Any]) -> bytes:
-        return orjson.dumps(
-            {
-                "id": self.rid,
-                "object": "chat.completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": text,
-                            "reasoning_content": None,
-                            "tool_calls": None,
-                        },
-                        "logprobs": None,
-                        "finish_reason": reason,
-                        "matched_stop": matched_stop,
-                    }
-                ],
-                "usage": usage,
-                "metadata": None,
-            }
-        )
+        message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason, "matched_stop": matched_stop}
+        return chat_completion(self.rid, self.created, self.model, choice, usage)
+
+
+def chat_completion(rid: str, created: int, model: str, choice: dict[str, Any], usage: dict[str, Any]) -> bytes:
+    """A whole (non-streamed) chat completion with one choice, as SGLang writes it."""
+    body = {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice]}
+    return orjson.dumps({**body, "usage": usage, "metadata": None})
 
 
 class CompletionRenderer(_Base):

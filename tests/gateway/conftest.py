@@ -1,13 +1,17 @@
-"""Fixtures of the end-to-end gateway tests: a module defines `gateway` (its `specgate serve`), these
-give its served model id and an `openai` client pointed at it."""
+"""Fixtures shared by the gateway tests: a scripted upstream for the relays, and for the end-to-end
+tests (a module defines `gateway`, its `specgate serve`) its served model id and an `openai` client."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
+import aiohttp
 import httpx
 import openai
 import pytest
+from aiohttp import web
 
 from backends.testbed import GatewayProcess, start_gateway
 
@@ -29,3 +33,37 @@ def model(gateway: GatewayProcess) -> str:
 @pytest.fixture
 def client(gateway: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Callable[[list[bytes], bool], Any]]:
+    """Serve a scripted list of raw writes; `hang=True` then never finishes."""
+    script: dict[str, Any] = {}
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for part in script["parts"]:
+            await resp.write(part)
+        if script["hang"]:
+            await release.wait()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    session = aiohttp.ClientSession()
+
+    async def open_stream(parts: list[bytes], hang: bool = False) -> aiohttp.ClientResponse:
+        script.update(parts=parts, hang=hang)
+        return await session.get(f"http://127.0.0.1:{port}/")
+
+    yield open_stream
+    release.set()
+    await session.close()
+    await runner.cleanup()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from gateway.relay import DONE, relay_stream
 
@@ -25,40 +22,6 @@ def chunk(text: str, **extra: Any) -> bytes:
 ROLE = event({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
 FINISH = event({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
 USAGE = event({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Callable[[list[bytes], bool], Any]]:
-    """Serve a scripted list of raw writes; `hang=True` then never finishes."""
-    script: dict[str, Any] = {}
-    release = asyncio.Event()
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for part in script["parts"]:
-            await resp.write(part)
-        if script["hang"]:
-            await release.wait()
-        return resp
-
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    session = aiohttp.ClientSession()
-
-    async def open_stream(parts: list[bytes], hang: bool = False) -> aiohttp.ClientResponse:
-        script.update(parts=parts, hang=hang)
-        return await session.get(f"http://127.0.0.1:{port}/")
-
-    yield open_stream
-    release.set()
-    await session.close()
-    await runner.cleanup()
 
 
 async def run_relay(resp: aiohttp.ClientResponse, *, strip_usage: bool, idle: float = 5.0) -> tuple[bytes, Any, list[float], int]:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from gateway.dialect import OLLAMA, RESPONSES
 from gateway.relay import StreamResult
@@ -28,36 +26,6 @@ CREATED = typed("response.created", response={"id": "resp_1", "status": "in_prog
 DELTA = typed("response.output_text.delta", delta=" a", item_id="msg_1")
 ITEM_DONE = typed("response.output_item.done", item={"id": "msg_1"})
 COMPLETED = typed("response.completed", response={"id": "resp_1", "usage": {"input_tokens": 7, "output_tokens": 2}})
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Callable[[list[bytes]], Any]]:
-    """Serve a scripted list of raw writes, then end the body."""
-    script: dict[str, Any] = {}
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        await resp.prepare(request)
-        for part in script["parts"]:
-            await resp.write(part)
-        return resp
-
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    session = aiohttp.ClientSession()
-
-    async def open_stream(parts: list[bytes]) -> aiohttp.ClientResponse:
-        script["parts"] = parts
-        return await session.get(f"http://127.0.0.1:{port}/")
-
-    yield open_stream
-    await session.close()
-    await runner.cleanup()
 
 
 async def run(relay: Any, resp: aiohttp.ClientResponse) -> tuple[bytes, StreamResult, int]:
