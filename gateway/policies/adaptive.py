@@ -10,7 +10,9 @@ partitioned. Rules, in order, each with its own reason label:
    speculates (calibration.md's shape: speculation pays at batch 1), an unfitted backend whose
    group is idle gets the request so it is measured, everything else goes to plain decode.
 3. `adaptive_explore`: a backend that received nothing in the last `probe_every` decisions gets one
-   request, but only while its group is idle, so a probe never disturbs a busy GPU. A probe whose
+   request, but only while its group is idle, so a probe never disturbs a busy GPU, and only while
+   the fits leave its kind in the running (within PROBE_OPEN_GAP of the other kind at some load a
+   group can reach), since the probed request pays the gap. A probe whose
    response agrees with the fit, or could not be used, doubles that backend's interval (up to
    `PROBE_BACKOFF_LIMIT` times `probe_every`); a surprising one, a re-learn or an outage resets it.
 4. `adaptive_slo` (only with a TPOT target, when no backend can take the request within it): the
@@ -46,6 +48,7 @@ from gateway.policies.adaptive_state import (
     PROBE_AGREEMENT,
     PROBE_BACKOFF_LIMIT,
     PROBE_MAX_RECENT_LOAD,
+    PROBE_OPEN_GAP,
     RECENT_LOAD_RATE,
     SHARED_TOLERANCE,
     SPEC_PRIOR,
@@ -136,7 +139,7 @@ class AdaptivePolicy(Policy):
             cold = self._cold(snapshot, available, outlooks, kinds)
             if cold is not None:
                 return cold.backend, cold.reason
-        probe = self._probe(snapshot, available, outlooks) if tier != PRIORITY else None
+        probe = self._probe(snapshot, available, outlooks, kinds) if tier != PRIORITY else None
         if probe is not None:
             return probe.backend, probe.reason
         states = self.lane.view([self._state(v, outlooks[v.name], kinds) for v in available], tier)
@@ -281,20 +284,45 @@ class AdaptivePolicy(Policy):
         return not view.speculative or view.inflight < self.cap
 
     def _probe(
-        self, snapshot: PoolSnapshot, available: list[BackendView], outlooks: dict[str, Outlook]
+        self,
+        snapshot: PoolSnapshot,
+        available: list[BackendView],
+        outlooks: dict[str, Outlook],
+        kinds: dict[bool, tuple[TpotLine, float]],
     ) -> Decision | None:
         """A probe of a kind (plain first, as ever) that no backend of it has served for its probe
-        interval: the kind shares one line, so one probe measures it, on a fitted backend of an idle
-        group where there is one (its response judges the probe)."""
+        interval and that the fits leave in the running: the kind shares one line, so one probe
+        measures it, on a fitted backend of an idle group where there is one (its response judges
+        the probe)."""
+        shared = self.colocated or len({v.group for v in snapshot.backends}) < len(snapshot.backends)
         for kind in (False, True):
             members = sorted((v for v in available if v.speculative == kind), key=lambda v: (not outlooks[v.name].fitted, v.name))
             outs = [outlooks[v.name] for v in members]
             if not any(o.fitted for o in outs) or any(o.since_routed < o.probe_interval for o in outs):
                 continue
+            if not self._in_the_running(kind, kinds, shared):
+                continue
             for view in members:
                 if self._probeable(snapshot, view):
                     return Decision(view.name, "adaptive_explore")
         return None
+
+    def _in_the_running(self, kind: bool, kinds: dict[bool, tuple[TpotLine, float]], shared: bool) -> bool:
+        """Whether the fits leave `kind` within PROBE_OPEN_GAP of the other kind at some load a group
+        can reach (1 to the EAGLE cap). Co-located, a group runs one mode at a time, so the kinds
+        compete at the same load; partitioned, an idle backend competes with the other kind's at
+        its fullest. Before both kinds are fitted every kind is in the running."""
+        if len(kinds) < 2:
+            return True
+        mine, other = self._kind_line(kind, kinds), self._kind_line(not kind, kinds)
+        pairs = ((1, 1), (self.cap, self.cap)) if shared else ((1, self.cap),)
+        return any(mine.at(a) <= (1.0 + PROBE_OPEN_GAP) * other.at(b) for a, b in pairs)
+
+    def _kind_line(self, kind: bool, kinds: dict[bool, tuple[TpotLine, float]]) -> TpotLine:
+        """The kind's pooled line as the rules see it (EAGLE's scaled by the speculation prior)."""
+        pooled, evidence = kinds[kind]
+        factor = self._factor(kind, evidence)
+        return TpotLine(pooled.alpha * factor, pooled.beta * factor)
 
     def _probeable(self, snapshot: PoolSnapshot, view: BackendView) -> bool:
         """A probe must measure the backend on its own: its group idle (a co-located partner's steps
@@ -343,11 +371,7 @@ class AdaptivePolicy(Policy):
         the group whose fit happened to look fastest (llama8b-h100, 8 groups: 0.55x throughput at
         C=64 with per-backend lines). With one line per kind, identical groups fill least-loaded first.
         """
-        line: TpotLine | None = None
-        if view.speculative in kinds:
-            pooled, evidence = kinds[view.speculative]
-            factor = self._factor(view.speculative, evidence)
-            line = TpotLine(pooled.alpha * factor, pooled.beta * factor)
+        line = self._kind_line(view.speculative, kinds) if view.speculative in kinds else None
         tau = outlook.tau if view.speculative else 1.0
         produced = view.relayed_chunks * tau
         remaining = max(0.0, 1.0 - produced / view.expected_tokens) if view.expected_tokens > 0 else 0.0

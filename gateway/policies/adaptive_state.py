@@ -27,6 +27,12 @@ SHARED_TOLERANCE = 0.25
 PROBE_BACKOFF_LIMIT = 16
 # A probe "agrees" when its TPOT is within this share of the fit's prediction.
 PROBE_AGREEMENT = 0.15
+# A routine probe measures its kind on an idle group, and the probed request pays whatever that kind
+# is slower there. Once the fits put a kind more than this share slower than the other at every
+# load a group can reach, its probe is not sent: its fit would have to be off by twice what a probe
+# counts as agreement before it could win anywhere (h200-llama8b, 8 groups, where EAGLE at tau 3
+# wins at every batch: one plain probe at C=16 decoded 2.4x slower and cost the level 10%).
+PROBE_OPEN_GAP = 2 * PROBE_AGREEMENT
 # Weight of each finished response in its group's recent load (issue 12: the rule's evaluated rate).
 RECENT_LOAD_RATE = 0.25
 # A probe of a co-located group is sent only while the group has been serving about one request at

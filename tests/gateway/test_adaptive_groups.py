@@ -16,7 +16,7 @@ from gateway.policies.group_choice import choose as group_choose
 from gateway.policies.tpot_fit import Fit
 from gateway.policy import Completion, Decision, route
 from gateway.pool import Backend, BackendView, Pool, PoolSnapshot
-from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN, LLAMA_EAGLE, LLAMA_PLAIN
+from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN, LLAMA_EAGLE, LLAMA_PLAIN, MS, snap
 
 
 def view(group: str, mode: str, n: int = 0, *, up: bool = True, expected: float = 0.0, chunks: int = 0) -> BackendView:
@@ -148,6 +148,29 @@ def test_a_probe_waits_until_its_group_is_idle() -> None:
     assert policy.choose(busy).reason != "adaptive_explore"
     # g0-plain is due too, but its group is busy: g1's plain server is measured on its idle GPUs.
     assert policy.choose(groups((1, 0), (0, 0))) == Decision("g1-plain", "adaptive_explore")
+
+
+# h200-llama8b's measured steps (backends/sim/measured/h200-llama8b.toml, B=1 and B=256) as lines,
+# EAGLE at tau 3: EAGLE is faster at every load a group can reach.
+H200_EAGLE = Fit(6.53 / 3 * MS, (39.45 - 6.53) / 255 / 3 * MS)
+H200_PLAIN = Fit(5.24 * MS, (17.06 - 5.24) / 255 * MS)
+
+
+def test_no_probe_for_a_kind_the_fits_put_far_behind_at_every_load() -> None:
+    # Each plain probe would decode about 2.4x slower than on EAGLE, and plain can win nowhere.
+    policy = trained(2, H200_EAGLE, H200_PLAIN, probe_every=3)
+    for _ in range(6):
+        policy.routed(groups((0, 0), (0, 0)), Decision("g0-eagle", "adaptive_predicted_faster"))
+    assert policy.choose(groups((1, 0), (0, 0))).reason != "adaptive_explore"
+    # The same lines on partitioned servers: an idle plain server beats a full EAGLE one, so it is probed.
+    solo = AdaptivePolicy(probe_every=3)
+    solo.routed(snap(0, 0), Decision("eagle", "adaptive_prior"))
+    for i in range(400):
+        solo.observe(completion("eagle", H200_EAGLE, 1 + i % 16))
+        solo.observe(completion("plain", H200_PLAIN, 1 + i % 16))
+    for _ in range(3):
+        solo.routed(snap(0, 0), Decision("eagle", "adaptive_predicted_faster"))
+    assert solo.choose(snap(1, 0)) == Decision("plain", "adaptive_explore")
 
 
 def test_an_unmeasured_group_borrows_its_kind_s_line() -> None:
