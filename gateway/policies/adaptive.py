@@ -48,7 +48,6 @@ from gateway.policies.adaptive_state import (
     PROBE_AGREEMENT,
     PROBE_BACKOFF_LIMIT,
     PROBE_MAX_RECENT_LOAD,
-    PROBE_OPEN_GAP,
     RECENT_LOAD_RATE,
     SHARED_TOLERANCE,
     SPEC_PRIOR,
@@ -56,6 +55,7 @@ from gateway.policies.adaptive_state import (
     Arm,
     Outlook,
     crossover,
+    in_the_running,
     group_beliefs,
     kind_lines,
     least_harm,
@@ -300,23 +300,12 @@ class AdaptivePolicy(Policy):
             outs = [outlooks[v.name] for v in members]
             if not any(o.fitted for o in outs) or any(o.since_routed < o.probe_interval for o in outs):
                 continue
-            if not self._in_the_running(kind, kinds, shared):
+            if len(kinds) == 2 and not in_the_running(self._kind_line(kind, kinds), self._kind_line(not kind, kinds), self.cap, shared):
                 continue
             for view in members:
                 if self._probeable(snapshot, view):
                     return Decision(view.name, "adaptive_explore")
         return None
-
-    def _in_the_running(self, kind: bool, kinds: dict[bool, tuple[TpotLine, float]], shared: bool) -> bool:
-        """Whether the fits leave `kind` within PROBE_OPEN_GAP of the other kind at some load a group
-        can reach (1 to the EAGLE cap). Co-located, a group runs one mode at a time, so the kinds
-        compete at the same load; partitioned, an idle backend competes with the other kind's at
-        its fullest. Before both kinds are fitted every kind is in the running."""
-        if len(kinds) < 2:
-            return True
-        mine, other = self._kind_line(kind, kinds), self._kind_line(not kind, kinds)
-        pairs = ((1, 1), (self.cap, self.cap)) if shared else ((1, self.cap),)
-        return any(mine.at(a) <= (1.0 + PROBE_OPEN_GAP) * other.at(b) for a, b in pairs)
 
     def _kind_line(self, kind: bool, kinds: dict[bool, tuple[TpotLine, float]]) -> TpotLine:
         """The kind's pooled line as the rules see it (EAGLE's scaled by the speculation prior)."""

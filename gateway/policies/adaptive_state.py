@@ -114,6 +114,15 @@ def crossover(arms: Iterable[Arm]) -> float | None:
     return gap / slope_gap
 
 
+def in_the_running(mine: TpotLine, other: TpotLine, cap: int, shared: bool) -> bool:
+    """Whether a kind with line `mine` is within PROBE_OPEN_GAP of the other kind's line at some load a
+    group can reach (1 to the EAGLE cap `cap`). Co-located (`shared`), a group runs one mode at a
+    time, so the kinds compete at the same load; partitioned, an idle backend competes with the
+    other kind's at its fullest."""
+    pairs = ((1, 1), (cap, cap)) if shared else ((1, cap),)
+    return any(mine.at(a) <= (1.0 + PROBE_OPEN_GAP) * other.at(b) for a, b in pairs)
+
+
 def group_beliefs(
     snapshot: PoolSnapshot, states: Sequence[BackendState], recent: Mapping[str, float]
 ) -> dict[str, dict[str, Any]]:
