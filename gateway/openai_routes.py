@@ -15,7 +15,7 @@ from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob, choices
 from gateway.runtime import Runtime
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_FIELD, TIER_HEADER, requested_tier
+from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_FIELD, TIER_HEADER, Tier, requested_tier
 
 router = APIRouter()
 
@@ -56,10 +56,9 @@ async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, 
     rt = runtime_of(request)
     check_model(rt, model)
     body = dict(await request.json())  # already parsed (and cached) by the body validation
-    # The tier is specgate's to serve: SGLang gets its own `priority` field instead, when asked to.
-    tier = requested_tier(body.pop(TIER_FIELD, None), request.headers.get(TIER_HEADER))
-    if rt.settings.policy.tier_sglang_priority and "priority" not in body:
-        body["priority"] = SGLANG_PRIORITY[tier or DEFAULT]
+    # The tier is specgate's to serve (the response echoes the one served); SGLang's chat and
+    # completions take no `service_tier`.
+    tier = take_tier(rt, request, body, body.pop(TIER_FIELD, None))
     job = ProxyJob(
         endpoint=endpoint,
         path=path,
@@ -74,6 +73,15 @@ async def _proxy(request: Request, model: str, stream: bool, wants_usage: bool, 
         weight=choices(body),
     )
     return ProxyResponse(rt, job)
+
+
+def take_tier(rt: Runtime, request: Request, body: dict[str, Any], field: object) -> Tier | None:
+    """The tier a request asks for (its body's `field`, else the header; None: neither), adding
+    SGLang's own `priority` to `body` when the operator enabled SGLang's priority scheduling."""
+    tier = requested_tier(field, request.headers.get(TIER_HEADER))
+    if rt.settings.policy.tier_sglang_priority and "priority" not in body:
+        body["priority"] = SGLANG_PRIORITY[tier or DEFAULT]
+    return tier
 
 
 def forced_route(rt: Runtime, request: Request) -> str | None:

@@ -20,13 +20,14 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import OpenAIError, upstream_error
-from gateway.openai_routes import check_model, forced_route, runtime_of
+from gateway.openai_routes import check_model, forced_route, runtime_of, take_tier
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
 from gateway.response_homes import ResponseHomes, response_id_for
 from gateway.runtime import Runtime
 from gateway.schemas import ResponsesRequest
 from gateway.dialect import RESPONSES
+from gateway.tiers import DEFAULT, TIER_FIELD
 
 router = APIRouter()
 
@@ -59,10 +60,13 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
     if body.previous_response_id is not None:
         forced = _home(rt, body.previous_response_id, "previous_response_id")
     ids = _NewResponse(rt.response_homes, body.request_id)
+    raw = dict(await request.json())  # already parsed (and cached) by the body validation
+    # SGLang's Responses API takes `service_tier` itself, so the field travels on unchanged.
+    tier = take_tier(rt, request, raw, raw.get(TIER_FIELD))
     job = ProxyJob(
         endpoint="responses",
         path="/v1/responses",
-        body=dict(await request.json()),  # already parsed (and cached) by the body validation
+        body=raw,
         stream=body.stream,
         client_wants_usage=True,
         forced=forced,
@@ -71,6 +75,7 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         dialect=RESPONSES,
         prepare=ids.prepare,
         on_accepted=ids.accepted if body.store is not False else None,
+        tier=tier or DEFAULT,
     )
     return ProxyResponse(rt, job)
 

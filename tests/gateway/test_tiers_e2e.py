@@ -90,3 +90,16 @@ def test_metrics_and_status_carry_the_tier(client: openai.OpenAI, model: str, ga
     tiers = httpx.get(gateway.url + "/admin/status").json()["tiers"]
     assert tiers["lane"]["priority_lane_active"] is True and tiers["lane"]["decisions_since_priority"] == 0
     assert tiers["flex_inflight_share"] == 0.75 and tiers["sglang_priority"] is False
+
+
+def test_the_responses_api_is_served_by_tier(client: openai.OpenAI, model: str, gateway: GatewayProcess) -> None:
+    raw = client.responses.with_raw_response.create(model=model, input="Say something.", max_output_tokens=8, service_tier="priority")
+    assert raw.headers["x-specgate-service-tier"] == "priority" and raw.headers["x-specgate-backend"] == "eagle"
+    assert raw.parse().output_text
+    with client.responses.with_streaming_response.create(
+        model=model, input="Say something.", max_output_tokens=8, stream=True, service_tier="flex"
+    ) as streamed:
+        assert streamed.headers["x-specgate-service-tier"] == "flex" and streamed.headers["x-specgate-backend"] == "plain"
+        assert list(streamed.parse())[-1].type == "response.incomplete"  # ended by max_output_tokens
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert re.search(r'specgate_tier_requests_total\{status="200",tier="flex"\} [1-9]', metrics)
