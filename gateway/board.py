@@ -8,7 +8,8 @@ integral kept, its in-flight count zeroed) before its replacement starts. Backen
 cell per backend, written by the health checker (the parent process) and by a worker that saw a
 backend fail. Finished responses go through a ring of completion records that every worker replays
 in the same order, so every worker's adaptive fit learns from every completion, as one process
-would.
+would. The service tiers' lane counts routing decisions here too (one counter per worker, summed),
+so a priority request seen by one worker makes every worker leave the lane free.
 
 Values are float64 (counts are exact below 2**53); a cell is one aligned 8-byte store, so a reader
 never sees half of one.
@@ -25,6 +26,8 @@ from multiprocessing.synchronize import Lock
 # Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served.
 INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED = range(6)
 _FIELDS = 6
+# Per worker: routing decisions made, and the gateway's decision count at its last priority one (0: none).
+_CLOCK = 2
 # Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
 # mean group in-flight, token chunks.
 _RECORD = 7
@@ -60,14 +63,15 @@ class LoadBoard:
         b = spec.backends
         self._health_at = _HEADER
         self._rows_at = _HEADER + b
-        self._ring_at = self._rows_at + spec.workers * b * _FIELDS
+        self._clock_at = self._rows_at + spec.workers * b * _FIELDS
+        self._ring_at = self._clock_at + spec.workers * _CLOCK
         self._cards_at = 8 * (self._ring_at + RING * _RECORD)  # a byte offset
         self._loads_at = self._cards_at + CARD_BYTES
         self.applied = 0  # completion records this process has replayed
 
     @staticmethod
     def cells(workers: int, backends: int) -> int:
-        return _HEADER + backends + workers * backends * _FIELDS + RING * _RECORD + (CARD_BYTES + LOAD_BYTES) // 8
+        return _HEADER + backends + workers * (backends * _FIELDS + _CLOCK) + RING * _RECORD + (CARD_BYTES + LOAD_BYTES) // 8
 
     @classmethod
     def create(cls, workers: int, backends: int, lock: Lock) -> LoadBoard:
@@ -130,6 +134,22 @@ class LoadBoard:
     @draining.setter
     def draining(self, value: bool) -> None:
         self._cells[0] = 1.0 if value else 0.0
+
+    # The service tiers' decision clock (gateway/policies/tier_rules.py LaneClock): rows per worker, summed.
+    def tick(self, priority: bool) -> None:
+        """Count one routing decision of this worker; `priority`: stamp it as the last priority one."""
+        at = self._clock_at + _CLOCK * self.worker
+        self._cells[at] += 1.0
+        if priority:
+            self._cells[at + 1] = self._decisions()
+
+    def since_priority(self) -> int | None:
+        """Decisions the whole gateway made since its last priority one; None: never one."""
+        last = max(self._cells[self._clock_at + _CLOCK * w + 1] for w in range(self.spec.workers))
+        return int(self._decisions() - last) if last else None
+
+    def _decisions(self) -> float:
+        return sum(self._cells[self._clock_at + _CLOCK * w] for w in range(self.spec.workers))
 
     # Completions: a ring every worker replays in the same order.
     def publish(self, record: tuple[float, ...]) -> None:

@@ -20,10 +20,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.pool import PoolSnapshot
 from gateway.tiers import DEFAULT, Tier
+
+if TYPE_CHECKING:
+    from gateway.policies.tier_rules import TierLane
 
 MODE_EAGLE, MODE_PLAIN = "eagle", "plain"  # x-specgate-route values that name a mode, not a backend
 FAILOVER = "failover_retry"  # the reason label of a request moved after a connection failure
@@ -60,6 +63,7 @@ class Policy(ABC):
     """Routing policy interface."""
 
     name: str
+    lane: TierLane | None = None  # the service tiers' lane, for a policy that keeps one
 
     @abstractmethod
     def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:

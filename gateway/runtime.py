@@ -62,6 +62,8 @@ class Runtime:
         }
         if board is not None:
             self.pool.attach_board(board)
+            if policy.lane is not None:
+                policy.lane.share(board)  # the lane is the gateway's, whichever worker saw the priority request
         policy.attach(self.pool.snapshot)
         self.health = HealthChecker(self.pool, self.upstreams, settings.health, poll=poll_health)
         self._draining = False

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.policies.group_choice import BackendState, TpotLine
 from gateway.pool import PoolSnapshot
@@ -46,25 +46,54 @@ class TierSettings:
             raise ValueError(f"priority slots must be >= 0 and window >= 1, got {self.slots}, {self.window}")
 
 
+class LaneClock(Protocol):
+    """Counts routing decisions and remembers the last priority one. With several workers the load
+    board is the clock (gateway/board.py), so every worker keeps the same lane."""
+
+    def tick(self, priority: bool) -> None:
+        """Count one decision; `priority`: it was a priority request's."""
+
+    def since_priority(self) -> int | None:
+        """Decisions since the last priority one (0: it was the last); None: never one."""
+
+
+class DecisionClock:
+    """The lane clock of a gateway of one process."""
+
+    def __init__(self) -> None:
+        self._decisions = 0
+        self._priority_at = 0  # the last priority decision's number; 0: none yet
+
+    def tick(self, priority: bool) -> None:
+        self._decisions += 1
+        if priority:
+            self._priority_at = self._decisions
+
+    def since_priority(self) -> int | None:
+        return self._decisions - self._priority_at if self._priority_at else None
+
+
 class TierLane:
     """Whether priority traffic is present (a priority request within the last `window` decisions),
     and the backends as default and flex traffic see them while it is."""
 
     def __init__(self, settings: TierSettings | None = None) -> None:
         self.settings = settings or TierSettings()
-        self._since: int | None = None  # decisions since the last priority request; None: never one
+        self.clock: LaneClock = DecisionClock()
+
+    def share(self, clock: LaneClock) -> None:
+        """Count decisions on `clock` (the workers' board) from now on."""
+        self.clock = clock
 
     @property
     def active(self) -> bool:
         """Whether default traffic currently leaves the lane free."""
-        return self._since is not None and self._since < self.settings.window
+        since = self.clock.since_priority()
+        return since is not None and since < self.settings.window
 
     def routed(self, tier: Tier) -> None:
         """Count one decision of `tier`."""
-        if tier == PRIORITY:
-            self._since = 0
-        elif self._since is not None:
-            self._since += 1
+        self.clock.tick(tier == PRIORITY)
 
     def view(self, states: list[BackendState], tier: Tier) -> list[BackendState]:
         """The backends as a request of `tier` must see them: priority, and everyone while no
@@ -79,7 +108,7 @@ class TierLane:
             "priority_slots": self.settings.slots,
             "priority_window": self.settings.window,
             "priority_lane_active": self.active,
-            "decisions_since_priority": self._since,
+            "decisions_since_priority": self.clock.since_priority(),
         }
 
 

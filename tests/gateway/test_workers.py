@@ -14,7 +14,7 @@ from gateway.config import BackendConfig, Settings
 from gateway.engine_load import parse_engine_load
 from gateway.metrics import GatewayMetrics
 from gateway.policies import AdaptivePolicy
-from gateway.policy import Completion
+from gateway.policy import Completion, Decision
 from gateway.pool import Backend, Pool
 from gateway.runtime import Runtime
 
@@ -133,3 +133,17 @@ def test_every_worker_learns_every_completion_as_one_process_would(board: LoadBo
     for rt in workers:
         rt.catch_up()
         assert rt.policy.describe()["beliefs"]["backends"] == expected  # type: ignore[attr-defined]
+
+
+def test_the_priority_lane_is_the_gateways_whichever_worker_saw_the_priority_request(board: LoadBoard) -> None:
+    workers = [_runtime(_attach(board, w)) for w in range(WORKERS)]
+    lanes = [rt.policy.lane for rt in workers]
+    assert all(lane is not None and not lane.active for lane in lanes)
+    snapshot = workers[0].pool.snapshot()
+    workers[1].policy.routed(snapshot, Decision("eagle", "tier_priority_eagle", "priority"))
+    assert all(lane.active for lane in lanes)  # type: ignore[union-attr]
+    window = lanes[0].settings.window  # type: ignore[union-attr]
+    for i in range(window):  # default decisions, spread over the workers, close it for all of them
+        workers[i % WORKERS].policy.routed(snapshot, Decision("plain", "adaptive_predicted_faster"))
+    assert [lane.describe()["decisions_since_priority"] for lane in lanes] == [window] * WORKERS  # type: ignore[union-attr]
+    assert not any(lane.active for lane in lanes)  # type: ignore[union-attr]
