@@ -11,12 +11,12 @@ import time
 import uuid
 from typing import Any
 
-import aiohttp
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import OpenAIError
+from gateway.upstream import UPSTREAM_ERRORS
 from gateway.openai_routes import forced_route, runtime_of
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
@@ -70,7 +70,7 @@ async def _from_any_ready(rt: Runtime, path: str, body: bytes | None = None) -> 
     upstream = rt.upstreams[backend.name]
     try:
         status, payload, content_type = await upstream.fetch(path, body, rt.settings.health.ready_timeout * 5)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except UPSTREAM_ERRORS as exc:
         raise OpenAIError(502, f"backend {backend.name} did not answer {path}", code="upstream_unreachable", type="server_error") from exc
     return backend.name, status, payload, content_type
 

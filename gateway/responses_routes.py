@@ -15,11 +15,11 @@ import uuid
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import OpenAIError, upstream_error
+from gateway.upstream import UPSTREAM_ERRORS
 from gateway.openai_routes import check_model, forced_route, runtime_of
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
@@ -100,7 +100,7 @@ async def _at_home(rt: Runtime, response_id: str, path: str, method: str) -> Res
     try:
         body = None if method == "GET" else b"{}"
         status, payload, content_type = await upstream.fetch(path, body, rt.settings.timeouts.first_byte)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except UPSTREAM_ERRORS as exc:
         raise OpenAIError(
             502, f"backend {name}, which holds response {response_id}, did not answer", code="upstream_unreachable", type="server_error"
         ) from exc
