@@ -47,8 +47,8 @@ class WirePool:
 
     @property
     def open_connections(self) -> int:
-        """Sockets the pool holds (in use and idle)."""
-        return len(self._open)
+        """Sockets the pool holds or is about to: in use, being dialled, idle (the descriptor budget counts them)."""
+        return self._busy + len(self._idle)
 
     @property
     def full(self) -> bool:
