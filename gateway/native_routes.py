@@ -20,13 +20,13 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import OpenAIError
-from gateway.upstream import UPSTREAM_ERRORS
 from gateway.native import NATIVE, NativeInputError, parse_native
 from gateway.openai_routes import _STREAM_DOC, forced_route, runtime_of
 from gateway.pool import Backend
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
+from gateway.upstream import UPSTREAM_ERRORS
 
 router = APIRouter()
 

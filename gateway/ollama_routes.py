@@ -16,13 +16,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import OpenAIError
-from gateway.upstream import UPSTREAM_ERRORS
 from gateway.openai_routes import forced_route, runtime_of
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
 from gateway.dialect import OLLAMA
+from gateway.upstream import UPSTREAM_ERRORS
 
 router = APIRouter()
 

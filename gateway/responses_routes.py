@@ -19,7 +19,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.errors import OpenAIError, upstream_error
-from gateway.upstream import UPSTREAM_ERRORS
 from gateway.openai_routes import check_model, forced_route, runtime_of
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
@@ -27,6 +26,7 @@ from gateway.response_homes import ResponseHomes, response_id_for
 from gateway.runtime import Runtime
 from gateway.schemas import ResponsesRequest
 from gateway.dialect import RESPONSES
+from gateway.upstream import UPSTREAM_ERRORS
 
 router = APIRouter()
 
