@@ -306,3 +306,28 @@ async def test_an_idle_connection_the_backend_closes_leaves_the_pool() -> None:
         assert await (await pool.post("/", b"{}")).read() == b"{}"
         assert server.connections == 2
 
+
+
+async def test_a_reader_that_falls_behind_pauses_the_socket_and_gets_every_frame() -> None:
+    event = b"data: " + b"x" * 1000 + b"\n\n"
+    count = 600  # ~600 KB: beyond what the response buffers before it stops reading
+
+    async def flood(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.request(reader)
+        writer.write(CHUNKED)
+        for _ in range(count // 10):
+            writer.write(chunk(event * 10))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await answer_each(server, reader, writer)
+
+    async with serving(flood) as (server, pool):
+        resp = await pool.post("/", b"{}")
+        conn = resp._conn
+        assert conn is not None
+        while not conn.paused:  # the reader has not read yet: the buffer fills until the socket pauses
+            await asyncio.sleep(0.01)
+        got = await frames(resp, b"\n\n")
+        assert got == [event] * count and not conn.paused
+        assert await (await pool.post("/", b"{}")).read() == b'{"n":2}'
+        assert server.connections == 1  # the whole response came, so the connection was reused
