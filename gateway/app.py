@@ -6,11 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from gateway import __version__
 from gateway.auth import AuthMiddleware
 from gateway.errors import install_error_handlers
-from gateway.fast_routes import FastProxyRoutes
+from gateway.front_door import FrontDoor
 from gateway.limits import BodyLimitMiddleware
 from gateway.native_routes import router as native_router
 from gateway.ollama_routes import router as ollama_router
@@ -20,8 +21,11 @@ from gateway.responses_routes import router as responses_router
 from gateway.runtime import Runtime
 
 
-def create_app(runtime: Runtime) -> FastAPI:
-    """The ASGI app; its lifespan starts and stops the runtime (upstream pools, health checks)."""
+def create_app(runtime: Runtime) -> ASGIApp:
+    """The ASGI app; its lifespan starts and stops the runtime (upstream pools, health checks).
+
+    Proxied routes go through `FrontDoor`'s short stack first; the FastAPI app serves the rest.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,9 +50,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.include_router(ollama_router)
     app.include_router(native_router)
     app.include_router(ops_router)
-    # Added last = outermost: the size limit and arrival stamp run before authentication, and both
-    # before the proxied routes' fast path, which sits in front of FastAPI's router.
-    app.add_middleware(FastProxyRoutes, runtime=runtime)
+    # Added last = outermost: the size limit and arrival stamp run before authentication.
     app.add_middleware(AuthMiddleware, security=runtime.settings.security)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.limits.max_body_bytes)
-    return app
+    return FrontDoor(app, runtime)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 from starlette.types import Send
 
 from gateway.errors import OpenAIError, upstream_error
@@ -28,6 +27,7 @@ from gateway.stream_dialects import (
     responses_stream_error,
     responses_usage,
 )
+from gateway.wire import WireResponse
 
 Body = dict[str, Any]
 _SSE = b"text/event-stream; charset=utf-8"
@@ -75,7 +75,7 @@ class Dialect:
         """A reader for one stream's events (it may keep state across them)."""
         return read_openai_chunk
 
-    async def relay(self, resp: aiohttp.ClientResponse, send: Send, **options: Any) -> StreamResult:
+    async def relay(self, resp: WireResponse, send: Send, **options: Any) -> StreamResult:
         """Relay one upstream stream to the client (`relay_stream`'s keyword options)."""
         return await relay_stream(resp, send, read=self.chunk_reader(), **options)
 
@@ -107,7 +107,7 @@ class ResponsesDialect(_BodyOnlyModel):
     def usage(self, response: Any) -> Body | None:
         return responses_usage(response.get("usage"))
 
-    async def relay(self, resp: aiohttp.ClientResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
+    async def relay(self, resp: WireResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
         # `strip_usage` is moot: the usage is part of the last event, which the client gets whole.
         return await relay_frames(
             resp, send, separator=SSE_SEPARATOR, inspect=inspect_responses_event, on_error=self.stream_error, **options
@@ -131,7 +131,7 @@ class OllamaDialect(_BodyOnlyModel):
     def usage(self, response: Any) -> Body | None:
         return ollama_usage(response)
 
-    async def relay(self, resp: aiohttp.ClientResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
+    async def relay(self, resp: WireResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
         # `strip_usage` is moot: nothing was asked for on the client's behalf.
         return await relay_frames(resp, send, separator=LINE, inspect=inspect_ollama_line, on_error=self.stream_error, **options)
 

@@ -3,7 +3,8 @@
 FastAPI's route machinery (routing, dependency solving, the request object, the body model) cost
 about 150 us of the gateway's CPU per proxied request: 510 us before this path, 353 us with it,
 for non-streamed requests at concurrency 32 on loopback (docs/benchmarks/gateway-overhead.md).
-This middleware sits inside the app, behind the size limit and authentication, and serves a POST to
+It sits in the front door's short stack (gateway/front_door.py), behind the size limit and
+authentication, and serves a POST to
 a proxied route itself when the request is surely valid: JSON body, known model, valid route
 header, and a body `gateway.schemas.surely_valid` accepts. Anything else, including every request
 that will end in a 4xx, is handed on to the FastAPI route with its body replayed, so validation

@@ -25,7 +25,9 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        scope.setdefault("state", {})["arrived_at"] = time.monotonic()
+        state = scope.setdefault("state", {})
+        if "arrived_at" not in state:  # a request the front door's short stack handed on keeps its stamp
+            state["arrived_at"] = time.monotonic()
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:

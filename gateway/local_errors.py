@@ -38,8 +38,5 @@ def local_kind(exc: BaseException) -> str | None:
             return current.kind
         if isinstance(current, OSError) and current.errno in _LOCAL_ERRNOS:
             return _LOCAL_ERRNOS[current.errno]
-        wrapped = getattr(current, "os_error", None)  # aiohttp.ClientConnectorError keeps it here
-        if isinstance(wrapped, OSError) and wrapped.errno in _LOCAL_ERRNOS:
-            return _LOCAL_ERRNOS[wrapped.errno]
         current = current.__cause__ or current.__context__
     return None

@@ -14,7 +14,6 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
-import aiohttp
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -27,6 +26,7 @@ from gateway.pool import Backend
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
+from gateway.upstream import UPSTREAM_ERRORS
 
 router = APIRouter()
 
@@ -89,11 +89,10 @@ def _ready(rt: Runtime) -> list[Backend]:
 
 
 async def _post(rt: Runtime, backend: Backend, path: str, body: bytes) -> tuple[int, bytes, str]:
-    """POST a small request upstream; (status, body, content type). Raises aiohttp/OS/timeout errors."""
+    """POST a small request upstream; (status, body, content type). Raises one of `UPSTREAM_ERRORS`."""
     resp = await rt.upstreams[backend.name].post(path, body)
     try:
-        async with asyncio.timeout(rt.settings.timeouts.idle):
-            payload = await resp.read()
+        payload = await resp.read(rt.settings.timeouts.idle)
         return resp.status, payload, resp.headers.get("Content-Type", "application/json")
     finally:
         resp.close()
@@ -107,7 +106,7 @@ async def _first_answer(rt: Runtime, path: str, body: Any) -> Response:
             forwarded["model"] = backend.served_model_name
         try:
             status, payload, content_type = await _post(rt, backend, path, orjson.dumps(forwarded))
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except UPSTREAM_ERRORS:
             rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
             continue
         return Response(payload, status_code=status, media_type=content_type, headers={"x-specgate-backend": backend.name})

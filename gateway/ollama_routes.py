@@ -11,7 +11,6 @@ import time
 import uuid
 from typing import Any
 
-import aiohttp
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -23,6 +22,7 @@ from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
 from gateway.dialect import OLLAMA
+from gateway.upstream import UPSTREAM_ERRORS
 
 router = APIRouter()
 
@@ -70,7 +70,7 @@ async def _from_any_ready(rt: Runtime, path: str, body: bytes | None = None) -> 
     upstream = rt.upstreams[backend.name]
     try:
         status, payload, content_type = await upstream.fetch(path, body, rt.settings.health.ready_timeout * 5)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except UPSTREAM_ERRORS as exc:
         raise OpenAIError(502, f"backend {backend.name} did not answer {path}", code="upstream_unreachable", type="server_error") from exc
     return backend.name, status, payload, content_type
 

@@ -15,7 +15,6 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -28,6 +27,7 @@ from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.tiers import admit_tier, echo_json, stream_echo, tier_header
+from gateway.wire import BadResponse, ConnectFailed, WireError, WireResponse
 
 log = logging.getLogger("specgate.proxy")
 
@@ -105,7 +105,7 @@ class ProxyResponse(Response):
 
     async def _serve(self, send: Send) -> None:
         rt, job = self._rt, self._job
-        resp: aiohttp.ClientResponse | None = None
+        resp: WireResponse | None = None
         try:
             try:
                 self._admit()
@@ -205,7 +205,7 @@ class ProxyResponse(Response):
         except orjson.JSONEncodeError as exc:  # parsed fine, but e.g. nested deeper than orjson's 255 levels
             raise OpenAIError(400, f"request body cannot be forwarded: {exc}", code="invalid_request") from exc
 
-    async def _dispatch(self) -> aiohttp.ClientResponse:
+    async def _dispatch(self) -> WireResponse:
         """Send upstream; a connection failure before any byte is retried once on the other backend."""
         rt, job = self._rt, self._job
         rt.metrics.overhead.observe(time.monotonic() - job.arrived_at)
@@ -216,7 +216,7 @@ class ProxyResponse(Response):
                 resp = await self._post(backend)
                 rt.health.report_success(backend.name)
                 return resp
-            except aiohttp.ClientConnectionError as exc:
+            except ConnectFailed as exc:
                 rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
                 await rt.health.confirm_unreachable(backend.name, type(exc).__name__)
                 if moved or not self._fail_over(backend.name):
@@ -233,13 +233,13 @@ class ProxyResponse(Response):
                     code="upstream_timeout",
                     type="server_error",
                 ) from exc
-            except aiohttp.ClientResponseError as exc:  # the backend answered with something not HTTP
+            except BadResponse as exc:  # the backend answered with something not HTTP
                 rt.metrics.upstream_errors.labels(backend.name, "bad_response").inc()
                 raise OpenAIError(
                     502, f"backend {backend.name} sent an invalid response", code="upstream_bad_response", type="server_error"
                 ) from exc
 
-    async def _post(self, backend: Backend) -> aiohttp.ClientResponse:
+    async def _post(self, backend: Backend) -> WireResponse:
         """POST upstream; a failure of the gateway's own resources becomes a 503 with Retry-After.
 
         Such a failure leaves the backend's health alone and is not failed over: the other backend
@@ -263,15 +263,14 @@ class ProxyResponse(Response):
                 headers={"Retry-After": "1"},
             ) from exc
 
-    async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
-        async with asyncio.timeout(self._rt.settings.timeouts.idle):
-            return await resp.read()
+    async def _read_all(self, resp: WireResponse) -> bytes:
+        return await resp.read(self._rt.settings.timeouts.idle)
 
-    async def _relay_error(self, resp: aiohttp.ClientResponse, send: Send) -> None:
+    async def _relay_error(self, resp: WireResponse, send: Send) -> None:
         name = self._backend.name
         try:
             payload = await self._read_all(resp)
-        except (aiohttp.ClientError, TimeoutError):
+        except (WireError, TimeoutError):
             payload = b""
         if resp.status >= 500:
             self._rt.metrics.upstream_errors.labels(name, f"http_{resp.status}").inc()
@@ -279,7 +278,7 @@ class ProxyResponse(Response):
         self._status = str(err.status)
         await self._send_error(send, err)
 
-    async def _relay_body(self, resp: aiohttp.ClientResponse, send: Send) -> None:
+    async def _relay_body(self, resp: WireResponse, send: Send) -> None:
         rt, name = self._rt, self._backend.name
         try:
             payload = await self._read_all(resp)
@@ -288,7 +287,7 @@ class ProxyResponse(Response):
             rt.health.report_timeout(name, "response body timed out")
             await self._fail(send, 504, f"backend {name} stopped responding", "upstream_timeout")
             return
-        except aiohttp.ClientError:
+        except WireError:
             rt.metrics.upstream_errors.labels(name, "disconnected").inc()
             await self._fail(send, 502, f"backend {name} dropped the response", "disconnected")
             return
@@ -308,7 +307,7 @@ class ProxyResponse(Response):
         await send({"type": "http.response.body", "body": payload, "more_body": False})
         self._status = "200"
 
-    async def _relay_stream(self, resp: aiohttp.ClientResponse, send: Send) -> None:
+    async def _relay_stream(self, resp: WireResponse, send: Send) -> None:
         rt, job = self._rt, self._job
         slot = self._slot
         assert slot is not None

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.types import Send
 
 from gateway.errors import OpenAIError
+from gateway.wire import WireError, WireResponse
 
 DONE = b"data: [DONE]\n\n"
 _SEPARATOR = b"\n\n"
@@ -121,7 +121,7 @@ class _IdleWatch:
 
 
 async def relay_stream(
-    resp: aiohttp.ClientResponse,
+    resp: WireResponse,
     send: Send,
     *,
     strip_usage: bool,
@@ -148,7 +148,7 @@ async def relay_stream(
 
 
 async def _relay(
-    resp: aiohttp.ClientResponse,
+    resp: WireResponse,
     send: Send,
     watch: _IdleWatch,
     strip_usage: bool,
@@ -160,7 +160,7 @@ async def _relay(
     result = StreamResult()
     # The byte-level check knows OpenAI's chunks only; other formats are always decoded.
     by_bytes = read is read_openai_chunk
-    readuntil = resp.content.readuntil
+    readuntil = resp.readuntil
     loop_time = asyncio.get_running_loop().time
     while True:
         watch.reading_since = loop_time()
@@ -174,7 +174,7 @@ async def _relay(
         except ValueError:  # one event larger than the read buffer: not something SGLang sends
             result.error_kind = "malformed_event"
             break
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError):
+        except (WireError, ConnectionError):
             result.error_kind = "disconnected"
             break
         finally:

@@ -15,7 +15,6 @@ import uuid
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -28,6 +27,7 @@ from gateway.runtime import Runtime
 from gateway.schemas import ResponsesRequest
 from gateway.dialect import RESPONSES
 from gateway.tiers import DEFAULT, TIER_FIELD
+from gateway.upstream import UPSTREAM_ERRORS
 
 router = APIRouter()
 
@@ -105,7 +105,7 @@ async def _at_home(rt: Runtime, response_id: str, path: str, method: str) -> Res
     try:
         body = None if method == "GET" else b"{}"
         status, payload, content_type = await upstream.fetch(path, body, rt.settings.timeouts.first_byte)
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except UPSTREAM_ERRORS as exc:
         raise OpenAIError(
             502, f"backend {name}, which holds response {response_id}, did not answer", code="upstream_unreachable", type="server_error"
         ) from exc

@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.types import Send
 
 from gateway.errors import OpenAIError
 from gateway.relay import StreamResult
+from gateway.wire import WireError, WireResponse
 
 SSE_SEPARATOR = b"\n\n"
 LINE = b"\n"
@@ -117,7 +117,7 @@ def ollama_stream_error(err: OpenAIError) -> bytes:
 
 
 async def relay_frames(
-    resp: aiohttp.ClientResponse,
+    resp: WireResponse,
     send: Send,
     *,
     separator: bytes,
@@ -129,18 +129,17 @@ async def relay_frames(
 ) -> StreamResult:
     """Relay frames ending in `separator` until the stream's last frame, an error or EOF."""
     result = StreamResult()
-    reader = resp.content
     while True:
         try:
             async with asyncio.timeout(idle_timeout):
-                frame = await reader.readuntil(separator)
+                frame = await resp.readuntil(separator)
         except TimeoutError:
             result.error_kind = "idle_timeout"
             break
         except ValueError:
             result.error_kind = "malformed_event"
             break
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError):
+        except (WireError, ConnectionError):
             result.error_kind = "disconnected"
             break
         if not frame.endswith(separator):

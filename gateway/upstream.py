@@ -1,27 +1,33 @@
 """One long-lived, pooled HTTP client per backend.
 
-Generation requests share one pool capped at `max_connections` (reused keep-alive connections);
-a burst beyond it queues for a free connection, bounded by the connect timeout, rather than
-opening a socket per request at once. A queue that does not move within that timeout is the
-gateway's overload (`LocalResourceError`), not a dead backend. Health probes and info GETs get a
-small pool of their own, so they never wait behind a full generation pool.
+Generation requests (and the small POSTs relayed beside them) share one pool of the gateway's own
+HTTP/1.1 client (`gateway/wire_pool.py`) capped at `max_connections` (reused keep-alive
+connections); a burst beyond it queues for a free connection, bounded by the connect timeout,
+rather than opening a socket per request at once. A queue that does not move within that timeout
+is the gateway's overload (`LocalResourceError`), not a dead backend. Health probes and info GETs
+get a small aiohttp pool of their own, so they never wait behind a full generation pool.
 
-aiohttp, not httpx: relaying 256 concurrent streams it used markedly less CPU per chunk; see
-`benchmarks/upstream_clients.py` and docs/benchmarks/upstream-clients.md for the measurement.
+The generation pool is not aiohttp's: its client path was ~30% of the gateway's CPU per proxied
+request (docs/benchmarks/gateway-overhead.md, "aiohttp vs the wire client"). aiohttp stays for the
+management GETs, where its cost does not matter.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
 import orjson
 
 from gateway.config import TimeoutConfig
-from gateway.local_errors import LocalResourceError
+from gateway.wire import WireError, WireResponse
+from gateway.wire_pool import WirePool
 
 _MANAGEMENT_CONNECTIONS = 4  # health probes, /v1/models, /server_info
+# What a call upstream may raise besides the gateway's own `LocalResourceError`.
+UPSTREAM_ERRORS = (WireError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class UpstreamStatusError(Exception):
@@ -38,12 +44,11 @@ class UpstreamClient:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._session: aiohttp.ClientSession | None = None
+        self._wire: WirePool | None = None
         self._management: aiohttp.ClientSession | None = None
 
     def _new_session(self, limit: int) -> aiohttp.ClientSession:
-        # `connect` bounds the wait for a pooled connection plus the TCP connect itself; timeouts that
-        # depend on the phase (first byte vs between chunks) are applied per call.
+        # `connect` bounds the wait for a pooled connection plus the TCP connect itself.
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=limit, enable_cleanup_closed=True),
             timeout=aiohttp.ClientTimeout(total=None, connect=self._timeouts.connect, sock_connect=self._timeouts.connect),
@@ -53,61 +58,57 @@ class UpstreamClient:
 
     async def start(self) -> None:
         """Open the connection pools; call once from the running event loop."""
-        self._session = self._new_session(self._max_connections)
+        self._wire = WirePool(
+            self.base_url,
+            headers=self._headers,
+            connect_timeout=self._timeouts.connect,
+            first_byte_timeout=self._timeouts.first_byte,
+            max_connections=self._max_connections,
+        )
         self._management = self._new_session(_MANAGEMENT_CONNECTIONS)
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        for session in (self._session, self._management):
-            if session is not None:
-                await session.close()
-        self._session = self._management = None
+        if self._wire is not None:
+            await self._wire.close()
+        if self._management is not None:
+            await self._management.close()
+        self._wire = self._management = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def wire(self) -> WirePool:
+        """The generation pool."""
+        if self._wire is None:
             raise RuntimeError("upstream client not started")
-        return self._session
+        return self._wire
 
     @property
     def open_connections(self) -> int:
         """Sockets this client holds open (in use and idle, both pools): descriptors it owns."""
-        total = 0
-        for session in (self._session, self._management):
-            connector = session.connector if session is not None else None
-            if connector is not None:
-                # aiohttp has no public count; `_acquired` holds connections in use, `_conns` idle ones.
-                total += len(getattr(connector, "_acquired", ()))
-                total += sum(len(idle) for idle in getattr(connector, "_conns", {}).values())
+        total = 0 if self._wire is None else self._wire.open_connections
+        connector = self._management.connector if self._management is not None else None
+        if connector is not None:
+            # aiohttp has no public count; `_acquired` holds connections in use, `_conns` idle ones.
+            total += len(getattr(connector, "_acquired", ()))
+            total += sum(len(idle) for idle in getattr(connector, "_conns", {}).values())
         return total
 
     @property
     def pool_full(self) -> bool:
         """True while every connection the generation pool may hold is in use."""
-        connector = self.session.connector
-        if connector is None or not connector.limit:
-            return False
-        # aiohttp exposes no public count of connections in use; `_acquired` is that set.
-        return len(getattr(connector, "_acquired", ())) >= connector.limit
+        return self.wire.full
 
-    async def post(self, path: str, body: bytes) -> aiohttp.ClientResponse:
+    def post(self, path: str, body: bytes) -> Awaitable[WireResponse]:
         """Send a generation request; returns once the response headers arrived.
 
         SGLang holds the headers of a stream until its first chunk exists, so this wait covers
         queueing and prefill and is bounded by the first-byte timeout. The caller owns the
-        response and must close or release it. Raises `LocalResourceError` when the pool was full
-        and no connection came free within the connect timeout.
+        response and must close or release it. Raises `ConnectFailed` when no response byte came
+        (safe to fail over), `BadResponse` for an answer that is not HTTP, TimeoutError past the
+        first-byte timeout, and `LocalResourceError` when the pool was full and no connection came
+        free within the connect timeout.
         """
-        queued = self.pool_full
-        try:
-            async with asyncio.timeout(self._timeouts.first_byte):
-                return await self.session.post(self.base_url + path, data=body, headers=self._headers)
-        except aiohttp.ConnectionTimeoutError as exc:
-            if queued:
-                raise LocalResourceError(
-                    "pool_full", f"no connection to {self.base_url} came free within {self._timeouts.connect:g} s"
-                ) from exc
-            raise
+        return self.wire.post(path, body)  # the pool's coroutine itself: no extra frame per request
 
     async def get(self, path: str, timeout: float, *, auth: bool = True) -> tuple[int, bytes, str]:
         """GET a small resource; returns (status, body, content type)."""

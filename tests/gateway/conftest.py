@@ -7,13 +7,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import aiohttp
 import httpx
 import openai
 import pytest
 from aiohttp import web
 
 from backends.testbed import GatewayProcess, start_gateway
+from gateway.wire import WireResponse
+from gateway.wire_pool import WirePool
 
 
 def serving(env: dict[str, str]) -> Iterator[GatewayProcess]:
@@ -51,19 +52,19 @@ async def upstream() -> AsyncIterator[Callable[[list[bytes], bool], Any]]:
         return resp
 
     app = web.Application()
-    app.router.add_get("/", handler)
+    app.router.add_post("/", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    session = aiohttp.ClientSession()
+    pool = WirePool(f"http://127.0.0.1:{port}", headers={}, connect_timeout=5, first_byte_timeout=5, max_connections=4)
 
-    async def open_stream(parts: list[bytes], hang: bool = False) -> aiohttp.ClientResponse:
+    async def open_stream(parts: list[bytes], hang: bool = False) -> WireResponse:
         script.update(parts=parts, hang=hang)
-        return await session.get(f"http://127.0.0.1:{port}/")
+        return await pool.post("/", b"{}")
 
     yield open_stream
     release.set()
-    await session.close()
+    await pool.close()
     await runner.cleanup()

@@ -184,3 +184,27 @@ async def test_metrics_expose_the_contract_names(client: httpx.AsyncClient) -> N
     ):
         assert name in text, name
     assert 'specgate_inflight_requests{backend="eagle"} 0.0' in text
+
+
+async def test_a_well_formed_proxied_request_skips_the_fastapi_stack_and_the_rest_keep_it() -> None:
+    rt = make_runtime(security={"api_keys": ["k"]})
+    door = create_app(rt)
+    app = door.app  # type: ignore[attr-defined]
+    entered: list[str] = []
+
+    async def spy(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            entered.append(scope["path"])
+        await app(scope, receive, send)
+
+    door.app = spy  # type: ignore[attr-defined]
+    key = {"Authorization": "Bearer k"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=door), base_url="http://gw") as client:
+        assert_openai_error(await client.post("/v1/chat/completions", json=CHAT), 401)
+        assert entered == []  # refused by the short stack's own authentication
+        err = assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=key), 503)
+        assert err["code"] == "no_backend_available" and entered == []  # served by the fast path
+        # Not surely valid: the fast path hands it to the FastAPI app, whose validation words the 400.
+        assert_openai_error(await client.post("/v1/chat/completions", json={"model": "m"}, headers=key), 400, "messages")
+        await client.get("/v1/models", headers=key)
+        assert entered == ["/v1/models"]  # other routes go to the FastAPI app straight away

@@ -7,20 +7,19 @@ import resource
 import shutil
 import subprocess
 import sys
-from types import SimpleNamespace
 
-import aiohttp
 import pytest
 
 from backends.fdlimit import NofileLimit
 from gateway.fdbudget import DESCRIPTORS_PER_REQUEST, hard_limit_warning, inflight_cap_warning, plan_budget
 from gateway.local_errors import LocalResourceError, local_kind
+from gateway.wire import ConnectFailed
 
-_KEY = SimpleNamespace(host="127.0.0.1", port=1, ssl=None)
-
-
-def _connector_error(code: int) -> aiohttp.ClientConnectorError:
-    return aiohttp.ClientConnectorError(_KEY, OSError(code, "x"))  # type: ignore[arg-type]
+def _connector_error(code: int) -> ConnectFailed:
+    """The upstream client's connect failure, caused by an OSError of `code` (as the pool raises it)."""
+    failed = ConnectFailed("cannot connect")
+    failed.__cause__ = OSError(code, "x")
+    return failed
 
 
 @pytest.mark.parametrize(
@@ -42,7 +41,7 @@ def test_out_of_local_resources_is_the_gateways_own_failure(code: int, kind: str
 @pytest.mark.parametrize("code", [errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ETIMEDOUT])
 def test_refused_reset_or_unreachable_is_the_backends(code: int) -> None:
     assert local_kind(_connector_error(code)) is None
-    assert local_kind(aiohttp.ServerDisconnectedError()) is None
+    assert local_kind(ConnectFailed("the connection closed before any response byte")) is None
     assert local_kind(TimeoutError()) is None
 
 

@@ -10,10 +10,8 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
-import aiohttp
 import orjson
 
 from backends.fdlimit import NofileLimit
@@ -26,6 +24,7 @@ from gateway.pool import Health, PoolSnapshot
 from gateway.proxy import ProxyResponse
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
+from gateway.wire import ConnectFailed
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
 
@@ -217,7 +216,7 @@ async def test_a_connect_the_gateway_itself_cannot_make_is_503_and_leaves_the_ba
     async with serving(FakeBackend()) as plain, gateway(refused_url(), plain.url) as rt:
 
         async def out_of_descriptors(path: str, body: bytes) -> Any:
-            raise aiohttp.ClientConnectorError(SimpleNamespace(host="h", port=1, ssl=None), OSError(errno.EMFILE, "x"))  # type: ignore[arg-type]
+            raise ConnectFailed("cannot connect") from OSError(errno.EMFILE, "x")
 
         rt.upstreams["eagle"].post = out_of_descriptors  # type: ignore[method-assign]
         exchange = await call(rt)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
 from gateway.relay import DONE, relay_stream
+from gateway.wire import WireResponse
 
 
 def event(obj: Any) -> bytes:
@@ -24,7 +24,7 @@ FINISH = event({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason"
 USAGE = event({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
 
 
-async def run_relay(resp: aiohttp.ClientResponse, *, strip_usage: bool, idle: float = 5.0) -> tuple[bytes, Any, list[float], int]:
+async def run_relay(resp: WireResponse, *, strip_usage: bool, idle: float = 5.0) -> tuple[bytes, Any, list[float], int]:
     sent: list[bytes] = []
     gaps: list[float] = []
     firsts = 0

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
 from gateway.dialect import OLLAMA, RESPONSES
 from gateway.relay import StreamResult
 from gateway.response_homes import ResponseHomes, response_id_for
+from gateway.wire import WireResponse
 
 
 def typed(kind: str, **fields: Any) -> bytes:
@@ -28,7 +28,7 @@ ITEM_DONE = typed("response.output_item.done", item={"id": "msg_1"})
 COMPLETED = typed("response.completed", response={"id": "resp_1", "usage": {"input_tokens": 7, "output_tokens": 2}})
 
 
-async def run(relay: Any, resp: aiohttp.ClientResponse) -> tuple[bytes, StreamResult, int]:
+async def run(relay: Any, resp: WireResponse) -> tuple[bytes, StreamResult, int]:
     sent: list[bytes] = []
     tokens = 0
 

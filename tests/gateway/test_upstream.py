@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
 
 from gateway.config import TimeoutConfig
 from gateway.local_errors import LocalResourceError, local_kind
 from gateway.upstream import UpstreamClient, UpstreamStatusError
+from gateway.wire import ConnectFailed
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
 
@@ -46,7 +46,7 @@ async def test_post_gives_up_at_the_first_byte_timeout() -> None:
 async def test_a_refused_connection_is_a_connection_error() -> None:
     client = await started(refused_url())
     try:
-        with pytest.raises(aiohttp.ClientConnectionError):
+        with pytest.raises(ConnectFailed):
             await client.post("/v1/chat/completions", b"{}")
     finally:
         await client.close()

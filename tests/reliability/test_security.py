@@ -340,7 +340,9 @@ async def test_body_and_head_size_limits_hold(sims: SimFactory) -> None:
             refused.append((resp.status, await resp.read()))
         after = len(await stack.sim_requests(stack.eagle)) + len(await stack.sim_requests(stack.plain))
 
-        head = lambda extra: b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n"
+        def head(extra: bytes) -> bytes:
+            return b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n"
+
         fits_head = await _raw(stack.url, head(b"X-Pad: " + b"a" * (max_head - 200) + b"\r\n"))
         heads = [
             await _raw(stack.url, head(b"X-Pad: " + b"a" * (max_head + 1) + b"\r\n")),

@@ -1,0 +1,93 @@
+"""Before and after: two checkouts' `specgate serve` (1 worker, threshold policy), alternating, same upstream.
+
+The machine is shared and noisy, so a change to the hot path is judged against the code before it
+in the same conditions: one upstream (benchmarks/sse_source.py --lockstep --instant), then for each
+round each checkout's gateway in turn (run from its own tree with its own `.venv`), measured with
+`benchmarks/gateway_overhead.py`'s `measure`: CPU per request at C=64, CPU per relayed chunk,
+req/s at C=64 and the 256-stream chunk lag p99.
+
+    python benchmarks/gateway_ab.py --before /work/main --after . --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from backends.process import Child, free_loopback_port
+from backends.readiness import wait_until_ready_blocking
+from benchmarks.gateway_overhead import BODY, _WRK_LUA, Measured, _specgate_config, measure
+from benchmarks.output import publish
+
+_SERVING = re.compile(r"serving on (http://\S+)")
+
+
+def _measure_tree(label: str, tree: Path, config: Path, log: Path, seconds: float, script: Path) -> Measured:
+    gateway = Child(
+        "gateway",
+        [str(tree / ".venv/bin/python"), "-m", "gateway", "serve", "--port", "0", "--config", str(config)],
+        env={"PYTHONUNBUFFERED": "1"},
+        log_path=log,
+        cwd=tree,
+    )
+    gateway.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not (found := _SERVING.search(log.read_text() if log.exists() else "")):
+            if time.monotonic() > deadline or not gateway.running:
+                raise RuntimeError(f"{label}: the gateway did not start:\n{gateway.last_lines()}")
+            time.sleep(0.1)
+        return measure(label, found.group(1), [gateway.pid], seconds, script)
+    finally:
+        gateway.stop_blocking(grace=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, required=True, help="checkout of the code before (with its .venv)")
+    parser.add_argument("--after", type=Path, default=Path("."), help="checkout of the code after (with its .venv)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    lines = [
+        "| | CPU per request (µs) | CPU per chunk (µs) | req/s C=64 | chunk lag p99, 256 streams (ms) | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        script = tmp / "post.lua"
+        script.write_text(_WRK_LUA.format(body=orjson.dumps(BODY).decode()))
+        port = free_loopback_port()
+        src = f"http://127.0.0.1:{port}"
+        source = Child(
+            "sse-source",
+            [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(port), "--step", "0.02", "--lockstep", "--instant"],
+            log_path=tmp / "source.log",
+        )
+        source.start()
+        try:
+            wait_until_ready_blocking(src, source, 30)
+            config = _specgate_config(tmp, src, 1)
+            for round_ in range(1, args.rounds + 1):
+                for label, tree in trees.items():
+                    m = _measure_tree(label, tree, config, tmp / f"{label}-{round_}.log", args.seconds, script)
+                    lines.append(
+                        f"| {label}, round {round_} | {(m.cpu_per_request or 0) * 1e6:.0f} | {(m.cpu_per_chunk or 0) * 1e6:.1f} "
+                        f"| {m.rps:,.0f} | {m.lag_p99 * 1e3:.1f} | {m.errors} |"
+                    )
+                    print(lines[-1], file=sys.stderr, flush=True)
+        finally:
+            source.stop_blocking(grace=10)
+    publish("\n".join(lines) + "\n", args.out)
+
+
+if __name__ == "__main__":
+    main()
