@@ -13,7 +13,9 @@ with 1 and with N workers:
 - CPU: the proxy's processes (with their children) user+system time during each load, per request
   or per relayed chunk.
 
-Everything shares the machine's cores, so compare within one run, as ratios.
+Everything shares the machine's cores, so compare within one run, as ratios; `--rounds N` runs
+every target N times, round by round, and reports each number's median (the bars of issue 13 are
+judged on those) and every round's own.
 
     python benchmarks/gateway_overhead.py --out docs/benchmarks/gateway-overhead.md
 """
@@ -25,6 +27,7 @@ import asyncio
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +46,7 @@ from backends.readiness import wait_until_ready_blocking
 from backends.testbed import start_gateway
 from benchmarks.output import publish
 
+NGINX, SMG = "nginx (C, 1 worker process)", "SMG (Rust, round_robin)"
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
 STREAMS, CHUNKS = 256, 64
 _WRK_LUA = 'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n'
@@ -195,19 +199,67 @@ def _us(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e6:.0f}"
 
 
-def report(results: list[Measured], args: argparse.Namespace, cores: int) -> str:
+def _median(runs: list[Measured]) -> Measured:
+    """One target's rounds as one: the median of each number."""
+
+    def med(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    lat = {c: (statistics.median(r.lat[c][0] for r in runs), statistics.median(r.lat[c][1] for r in runs)) for c in runs[0].lat}
+    return Measured(
+        runs[0].name,
+        lat,
+        statistics.median(r.rps for r in runs),
+        med([r.cpu_per_request for r in runs]),
+        med([r.cpu_per_chunk for r in runs]),
+        med([r.chunks_per_cpu_second for r in runs]),
+        statistics.median(r.lag_p99 for r in runs),
+        sum(r.errors for r in runs),
+    )
+
+
+def bars(results: list[Measured]) -> list[str]:
+    """Issue 13's bars, each specgate row against SMG's and nginx's (medians)."""
+    by_name = {m.name: m for m in results}
+    smg, nginx, direct = by_name[SMG], by_name[NGINX], results[0]
+    out = []
+    for m in results:
+        if not m.name.startswith("specgate"):
+            continue
+        checks = [
+            ("CPU per request (µs)", m.cpu_per_request or 0.0, smg.cpu_per_request or 0.0, "<=", _us),
+            ("CPU per chunk (µs)", m.cpu_per_chunk or 0.0, smg.cpu_per_chunk or 0.0, "<=", _us),
+            ("req/s at C=64", m.rps, smg.rps, ">=", lambda v: f"{v:,.0f}"),
+            ("added p50 at C=1 (ms)", m.lat[1][0] - direct.lat[1][0], smg.lat[1][0] - direct.lat[1][0], "<=", _ms),
+            ("chunk lag p99 (ms) against nginx's + 2 ms", m.lag_p99, nginx.lag_p99 + 0.002, "<=", _ms),
+        ]
+        cells = []
+        for label, mine, bar, op, fmt in checks:
+            met = mine <= bar if op == "<=" else mine >= bar
+            cells.append(f"{label} {fmt(mine)} {op} {fmt(bar)}: {'met' if met else 'not met'}")
+        out.append(f"- {m.name}: " + "; ".join(cells))
+    return out
+
+
+def report(rounds: list[list[Measured]], args: argparse.Namespace, cores: int) -> str:
+    """Medians over the rounds, the issue's bars on them, then every round's own numbers."""
+    results = [_median([r[i] for r in rounds]) for i in range(len(rounds[0]))]
     direct = results[0]
+    many = len(rounds) > 1
     lines = [
         "# Gateway overhead: specgate beside nginx and SMG, against the same upstream, in one run",
         "",
-        f"Command: `python benchmarks/{Path(__file__).name} --seconds {args.seconds:g} --step {args.step:g}`",
+        f"Command: `python benchmarks/{Path(__file__).name} --seconds {args.seconds:g} --step {args.step:g}"
+        + (f" --rounds {len(rounds)}`" if many else "`"),
         "",
         f"Upstream: benchmarks/sse_source.py (aiohttp, one process) answering non-streamed requests at once and "
         f"streaming a chunk every {args.step * 1e3:g} ms to all open streams in lockstep. Non-streamed: wrk, "
         f"{args.seconds:g} s at C=1 and at C=64. Streamed: {STREAMS} concurrent streams of {CHUNKS} chunks from an "
         "aiohttp client; chunk lag = arrival minus the sender's monotonic stamp. CPU: the proxy's processes "
         f"(children included) per request at C=64 and per relayed chunk. {cores} cores shared by the upstream, "
-        "the proxy, the clients and whatever else runs on the machine: compare within the run.",
+        "the proxy, the clients and whatever else runs on the machine: compare within the run."
+        + (f" Every target ran once per round, {len(rounds)} rounds; the table holds each number's median." if many else ""),
         "",
         "| target | added p50 C=1 (ms) | added p99 C=1 (ms) | added p50 C=64 (ms) | added p99 C=64 (ms) | req/s C=64 "
         "| CPU per request (µs) | CPU per chunk (µs) | chunks/s per core of proxy CPU | chunk lag p99, 256 streams (ms) | errors |",
@@ -221,7 +273,52 @@ def report(results: list[Measured], args: argparse.Namespace, cores: int) -> str
             f"| {m.name} | {' | '.join(cells)} | {m.rps:,.0f} | {_us(m.cpu_per_request)} | {_us(m.cpu_per_chunk)} "
             f"| {per_core} | {_ms(m.lag_p99)} | {m.errors} |"
         )
+    lines += ["", "Bars (issue 13), on the medians:", "", *bars(results)]
+    if many:
+        lines += ["", "Each round: CPU per request (µs) / CPU per chunk (µs) / req/s C=64 / chunk lag p99 (ms).", ""]
+        lines += ["| target | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " |"]
+        lines += ["|---|" + "---|" * len(rounds)]
+        for i, m in enumerate(results[1:], start=1):
+            cells = [
+                f"{_us(r[i].cpu_per_request)} / {_us(r[i].cpu_per_chunk)} / {r[i].rps:,.0f} / {_ms(r[i].lag_p99)}" for r in rounds
+            ]
+            lines.append(f"| {m.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def one_round(tmp: Path, src_port: int, script: Path, args: argparse.Namespace) -> list[Measured]:
+    """Every target once, one after another, against the running upstream on `src_port`."""
+    src = f"http://127.0.0.1:{src_port}"
+    results = [measure("direct (no proxy)", src, [], args.seconds, script)]
+    nginx_port = free_loopback_port()
+    (tmp / "nginx.conf").write_text(_NGINX.format(tmp=tmp, src=src_port, port=nginx_port))
+    nginx = subprocess.Popen(["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"])
+    try:
+        _wait_http(f"http://127.0.0.1:{nginx_port}", 30)
+        results.append(measure(NGINX, f"http://127.0.0.1:{nginx_port}", [nginx.pid], args.seconds, script))
+    finally:
+        nginx.terminate()
+        nginx.wait(10)
+    smg_port = free_loopback_port()
+    smg = subprocess.Popen(
+        [args.smg, "launch", "--worker-urls", src, "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(smg_port),
+         "--log-level", "error", "--disable-tokenizer-autoload", "--prometheus-port", str(free_loopback_port())],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_http(f"http://127.0.0.1:{smg_port}", 60)
+        results.append(measure(SMG, f"http://127.0.0.1:{smg_port}", [smg.pid], args.seconds, script))
+    finally:
+        smg.terminate()
+        smg.wait(10)
+    for workers in sorted({1, args.workers}):
+        gateway = start_gateway(config=_specgate_config(tmp, src, workers))
+        try:
+            name = f"specgate, {workers} worker{'s' if workers > 1 else ''} (threshold)"
+            results.append(measure(name, gateway.url, [gateway.proc.pid], args.seconds, script))
+        finally:
+            gateway.stop()
+    return results
 
 
 def main() -> None:
@@ -230,12 +327,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
     parser.add_argument("--smg", default=shutil.which("smg") or "/tmp/smgvenv/bin/smg", help="SMG's binary")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="specgate's N workers")
+    parser.add_argument("--rounds", type=int, default=1, help="every target this many times, round by round; medians reported")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     src_port = free_loopback_port()
     src = f"http://127.0.0.1:{src_port}"
-    results: list[Measured] = []
+    rounds: list[list[Measured]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         script = tmp / "post.lua"
@@ -245,38 +343,11 @@ def main() -> None:
         source.start()
         try:
             wait_until_ready_blocking(src, source, 30)
-            results.append(measure("direct (no proxy)", src, [], args.seconds, script))
-            nginx_port = free_loopback_port()
-            (tmp / "nginx.conf").write_text(_NGINX.format(tmp=tmp, src=src_port, port=nginx_port))
-            nginx = subprocess.Popen(["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"])
-            try:
-                _wait_http(f"http://127.0.0.1:{nginx_port}", 30)
-                results.append(measure("nginx (C, 1 worker process)", f"http://127.0.0.1:{nginx_port}", [nginx.pid], args.seconds, script))
-            finally:
-                nginx.terminate()
-                nginx.wait(10)
-            smg_port = free_loopback_port()
-            smg = subprocess.Popen(
-                [args.smg, "launch", "--worker-urls", src, "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(smg_port),
-                 "--log-level", "error", "--disable-tokenizer-autoload", "--prometheus-port", str(free_loopback_port())],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            try:
-                _wait_http(f"http://127.0.0.1:{smg_port}", 60)
-                results.append(measure("SMG (Rust, round_robin)", f"http://127.0.0.1:{smg_port}", [smg.pid], args.seconds, script))
-            finally:
-                smg.terminate()
-                smg.wait(10)
-            for workers in sorted({1, args.workers}):
-                gateway = start_gateway(config=_specgate_config(tmp, src, workers))
-                try:
-                    name = f"specgate, {workers} worker{'s' if workers > 1 else ''} (threshold)"
-                    results.append(measure(name, gateway.url, [gateway.proc.pid], args.seconds, script))
-                finally:
-                    gateway.stop()
+            for _ in range(args.rounds):
+                rounds.append(one_round(tmp, src_port, script, args))
         finally:
             source.stop_blocking(grace=10)
-    publish(report(results, args, cores), args.out)
+    publish(report(rounds, args, cores), args.out)
 
 
 if __name__ == "__main__":
