@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -24,6 +24,28 @@ from gateway.tiers import TIERS
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+M = TypeVar("M", Counter, Histogram)
+
+
+class Labelled(Generic[M]):
+    """A labelled metric whose child per label set is looked up once.
+
+    prometheus_client's `labels()` validates, converts and locks on every call: 1.4 us against 0.4
+    for a cached child's `inc()`, with six such calls per proxied request.
+    """
+
+    __slots__ = ("metric", "_children")
+
+    def __init__(self, metric: M) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def labels(self, *values: str) -> M:
+        """The child for these label values (created on first use)."""
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
 
 
 class _PoolCollector(Collector):
@@ -141,26 +163,26 @@ class GatewayMetrics:
             self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, path=multiprocess_dir)
         r = self.registry
-        self.requests = Counter(
+        self.requests = Labelled(Counter(
             "specgate_requests", "Finished requests", ["backend", "endpoint", "status"], registry=r
-        )
-        self.route_decisions = Counter(
+        ))
+        self.route_decisions = Labelled(Counter(
             "specgate_route_decisions", "Routing decisions", ["backend", "reason"], registry=r
-        )
-        self.ttft = Histogram(
+        ))
+        self.ttft = Labelled(Histogram(
             "specgate_time_to_first_token_seconds", "Time to first token", ["backend"], buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.itl = Histogram(
+        ))
+        self.itl = Labelled(Histogram(
             "specgate_inter_token_latency_seconds", "Time between streamed chunks", ["backend"], buckets=_ITL_BUCKETS, registry=r
-        )
-        self.duration = Histogram(
+        ))
+        self.duration = Labelled(Histogram(
             "specgate_request_duration_seconds", "End-to-end request time", ["backend"], buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.output_tokens = Counter("specgate_output_tokens", "Completion tokens (from usage)", ["backend"], registry=r)
-        self.prompt_tokens = Counter("specgate_prompt_tokens", "Prompt tokens (from usage)", ["backend"], registry=r)
-        self.upstream_errors = Counter(
+        ))
+        self.output_tokens = Labelled(Counter("specgate_output_tokens", "Completion tokens (from usage)", ["backend"], registry=r))
+        self.prompt_tokens = Labelled(Counter("specgate_prompt_tokens", "Prompt tokens (from usage)", ["backend"], registry=r))
+        self.upstream_errors = Labelled(Counter(
             "specgate_upstream_errors", "Failures talking to a backend", ["backend", "kind"], registry=r
-        )
+        ))
         self.overhead = Histogram(
             "specgate_gateway_overhead_seconds",
             "Time spent in the gateway itself: arrival to upstream dispatch, plus response handling",
@@ -168,30 +190,30 @@ class GatewayMetrics:
             registry=r,
         )
         # Per service tier (three values), not per backend too: what a tier's clients get, whatever served them.
-        self.tier_requests = Counter(
+        self.tier_requests = Labelled(Counter(
             "specgate_tier_requests", "Finished requests per service tier", ["tier", "status"], registry=r
-        )
-        self.tier_ttft = Histogram(
+        ))
+        self.tier_ttft = Labelled(Histogram(
             "specgate_tier_time_to_first_token_seconds",
             "Time to first token per service tier",
             ["tier"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
-        )
-        self.tier_tpot = Histogram(
+        ))
+        self.tier_tpot = Labelled(Histogram(
             "specgate_tier_time_per_output_token_seconds",
             "Time per output token (first to last token over tokens - 1) of streamed responses, per service tier",
             ["tier"],
             buckets=_ITL_BUCKETS,
             registry=r,
-        )
-        self.restarts = Counter("specgate_backend_restarts", "Backend process restarts", ["backend"], registry=r)
-        self.local_errors = Counter(
+        ))
+        self.restarts = Labelled(Counter("specgate_backend_restarts", "Backend process restarts", ["backend"], registry=r))
+        self.local_errors = Labelled(Counter(
             "specgate_local_errors",
             "Requests refused for the gateway's own resource limits (descriptors, pool, ports), not a backend's",
             ["kind"],
             registry=r,
-        )
+        ))
 
     def watch(self, pool: Pool, policy_beliefs: Callable[[], dict[str, Any]]) -> None:
         """Export the pool's gauges and the policy's beliefs, read live at scrape time."""
