@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.policy import MODE_EAGLE, MODE_PLAIN
-from gateway.proxy import ProxyResponse
+from gateway.proxy import ProxyResponse, count_gone_before_body
 from gateway.proxy_job import ProxyJob, choices
 from gateway.runtime import Runtime
 from gateway.schemas import surely_valid, wants_usage
@@ -102,6 +102,9 @@ class FastProxyRoutes:
             await self.app(scope, receive, send)
             return
         body, stopped = await _read_body(receive)
+        if isinstance(stopped, dict) and stopped["type"] == "http.disconnect":
+            count_gone_before_body(self._rt, route[0])  # nobody is left to answer, on any route
+            return
         job = self._job(scope, route, body, forced) if body is not None else None
         if job is None:
             replay: Message | HTTPException = stopped if stopped is not None else {"type": "http.request", "body": body, "more_body": False}

@@ -26,13 +26,22 @@ from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
-from gateway.tiers import admit_tier, echo_json, stream_echo, tier_header
+from gateway.tiers import DEFAULT, admit_tier, echo_json, stream_echo, tier_header
 from gateway.wire import BadResponse, ConnectFailed, WireError, WireResponse
 
 log = logging.getLogger("specgate.proxy")
 
-_CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a status label
-_UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
+CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a status label
+UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
+
+
+def count_gone_before_body(rt: Runtime, endpoint: str) -> None:
+    """Count a request whose client left before its body was read as every client that left (499).
+
+    uvicorn answers the first `receive()` with the disconnect once the connection is gone, body or not.
+    """
+    rt.metrics.requests.labels(UNROUTED, endpoint, CLIENT_GONE).inc()
+    rt.metrics.tier_requests.labels(DEFAULT, CLIENT_GONE).inc()
 
 
 def _headers(job: ProxyJob, backend: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
@@ -53,7 +62,7 @@ class ProxyResponse(Response):
         self._rt = runtime
         self._job = job
         self._slot: Slot | None = None
-        self._status = _CLIENT_GONE
+        self._status = CLIENT_GONE
         self._streaming = False  # stream headers sent: an interruption must end it with an error event
         self._client_left = False
 
@@ -80,7 +89,7 @@ class ProxyResponse(Response):
         while (await receive())["type"] != "http.disconnect":
             pass
         if not work.done():
-            self._status = _CLIENT_GONE  # even after a 200 header: the client did not get it all
+            self._status = CLIENT_GONE  # even after a 200 header: the client did not get it all
             self._client_left = True
             work.cancel()
 
@@ -89,7 +98,7 @@ class ProxyResponse(Response):
         err = OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
         if self._streaming:
             await send({"type": "http.response.body", "body": self._job.dialect.stream_error(err), "more_body": False})
-        elif self._status == _CLIENT_GONE:  # nothing sent yet
+        elif self._status == CLIENT_GONE:  # nothing sent yet
             self._status = "503"
             await self._send_error(send, err)
 
@@ -126,7 +135,7 @@ class ProxyResponse(Response):
         finally:
             if resp is not None:
                 resp.close()  # closing mid-response is what makes SGLang abort the request
-            name = _UNROUTED
+            name = UNROUTED
             if self._slot is not None:
                 self._slot.release()
                 name = self._slot.backend.name

@@ -142,3 +142,25 @@ async def test_a_valid_request_is_served_without_the_router_and_an_invalid_one_i
     assert inner_read == [invalid] and sent == []
     unknown_model = orjson.dumps({"model": "other", "messages": MSG})
     assert (await _call(middleware, unknown_model))[1] == [unknown_model]
+
+
+async def test_a_client_gone_before_its_body_was_read_counts_as_gone() -> None:
+    rt = make_runtime()
+    middleware = FastProxyRoutes(None, rt)  # type: ignore[arg-type]
+    inner_called: list[Scope] = []
+
+    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
+        inner_called.append(scope)
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        raise AssertionError(f"nothing may be sent to a client that left: {message}")
+
+    middleware.app = inner
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [(b"content-type", b"application/json")]}
+    before = rt.metrics.requests.labels("none", "chat", "499")._value.get()
+    await middleware(scope, receive, send)
+    assert inner_called == []
+    assert rt.metrics.requests.labels("none", "chat", "499")._value.get() == before + 1
