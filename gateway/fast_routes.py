@@ -22,11 +22,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.policy import MODE_EAGLE, MODE_PLAIN
-from gateway.proxy import ProxyResponse, count_gone_before_body
+from gateway.proxy import CLIENT_GONE, UNROUTED, ProxyResponse
 from gateway.proxy_job import ProxyJob, choices
 from gateway.runtime import Runtime
 from gateway.schemas import surely_valid, wants_usage
-from gateway.tiers import TIER_FIELD, TIER_HEADER
+from gateway.tiers import DEFAULT, TIER_FIELD, TIER_HEADER
 
 ROUTE_HEADER = b"x-specgate-route"
 _TIER_HEADER = TIER_HEADER.encode()
@@ -103,7 +103,7 @@ class FastProxyRoutes:
             return
         body, stopped = await _read_body(receive)
         if isinstance(stopped, dict) and stopped["type"] == "http.disconnect":
-            count_gone_before_body(self._rt, route[0])  # nobody is left to answer, on any route
+            self._count_gone(route[0])  # nobody is left to answer, on any route
             return
         job = self._job(scope, route, body, forced) if body is not None else None
         if job is None:
@@ -111,6 +111,14 @@ class FastProxyRoutes:
             await self.app(scope, _replaying(replay, receive), send)
             return
         await ProxyResponse(self._rt, job)(scope, receive, send)
+
+    def _count_gone(self, endpoint: str) -> None:
+        """Count a request whose client left before its body was read as every client that left (499).
+
+        uvicorn answers the first `receive()` with the disconnect once the connection is gone, body or not.
+        """
+        self._rt.metrics.requests.labels(UNROUTED, endpoint, CLIENT_GONE).inc()
+        self._rt.metrics.tier_requests.labels(DEFAULT, CLIENT_GONE).inc()
 
     def _job(self, scope: Scope, route: tuple[str, str], raw: bytes, forced_raw: bytes | None) -> ProxyJob | None:
         """The job for a surely valid request; None sends it down the full route."""

@@ -26,22 +26,13 @@ from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
-from gateway.tiers import DEFAULT, admit_tier, echo_json, stream_echo, tier_header
+from gateway.tiers import admit_tier, echo_json, stream_echo, tier_header
 from gateway.wire import BadResponse, ConnectFailed, WireError, WireResponse
 
 log = logging.getLogger("specgate.proxy")
 
 CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a status label
 UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
-
-
-def count_gone_before_body(rt: Runtime, endpoint: str) -> None:
-    """Count a request whose client left before its body was read as every client that left (499).
-
-    uvicorn answers the first `receive()` with the disconnect once the connection is gone, body or not.
-    """
-    rt.metrics.requests.labels(UNROUTED, endpoint, CLIENT_GONE).inc()
-    rt.metrics.tier_requests.labels(DEFAULT, CLIENT_GONE).inc()
 
 
 def _headers(job: ProxyJob, backend: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
