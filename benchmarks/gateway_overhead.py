@@ -286,31 +286,29 @@ def report(rounds: list[list[Measured]], args: argparse.Namespace, cores: int) -
     return "\n".join(lines) + "\n"
 
 
+def _peer(name: str, argv: list[str], port: int, ready_timeout: float, script: Path, seconds: float) -> Measured:
+    """Start a peer proxy listening on `port`, measure it once it answers, stop it."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}", ready_timeout)
+        return measure(name, f"http://127.0.0.1:{port}", [proc.pid], seconds, script)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def one_round(tmp: Path, src_port: int, script: Path, args: argparse.Namespace) -> list[Measured]:
     """Every target once, one after another, against the running upstream on `src_port`."""
     src = f"http://127.0.0.1:{src_port}"
     results = [measure("direct (no proxy)", src, [], args.seconds, script)]
     nginx_port = free_loopback_port()
     (tmp / "nginx.conf").write_text(_NGINX.format(tmp=tmp, src=src_port, port=nginx_port))
-    nginx = subprocess.Popen(["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"])
-    try:
-        _wait_http(f"http://127.0.0.1:{nginx_port}", 30)
-        results.append(measure(NGINX, f"http://127.0.0.1:{nginx_port}", [nginx.pid], args.seconds, script))
-    finally:
-        nginx.terminate()
-        nginx.wait(10)
+    nginx = ["nginx", "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]
+    results.append(_peer(NGINX, nginx, nginx_port, 30, script, args.seconds))
     smg_port = free_loopback_port()
-    smg = subprocess.Popen(
-        [args.smg, "launch", "--worker-urls", src, "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(smg_port),
-         "--log-level", "error", "--disable-tokenizer-autoload", "--prometheus-port", str(free_loopback_port())],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait_http(f"http://127.0.0.1:{smg_port}", 60)
-        results.append(measure(SMG, f"http://127.0.0.1:{smg_port}", [smg.pid], args.seconds, script))
-    finally:
-        smg.terminate()
-        smg.wait(10)
+    smg = [args.smg, "launch", "--worker-urls", src, "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(smg_port),
+           "--log-level", "error", "--disable-tokenizer-autoload", "--prometheus-port", str(free_loopback_port())]
+    results.append(_peer(SMG, smg, smg_port, 60, script, args.seconds))
     for workers in sorted({1, args.workers}):
         gateway = start_gateway(config=_specgate_config(tmp, src, workers))
         try:
