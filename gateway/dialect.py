@@ -14,6 +14,7 @@ from typing import Any
 
 from starlette.types import Send
 
+from gateway.body_writer import BodyWriter
 from gateway.errors import OpenAIError, upstream_error
 from gateway.relay import DONE, ChunkReader, StreamResult, read_openai_chunk, relay_stream
 from gateway.stream_dialects import (
@@ -107,8 +108,9 @@ class ResponsesDialect(_BodyOnlyModel):
     def usage(self, response: Any) -> Body | None:
         return responses_usage(response.get("usage"))
 
-    async def relay(self, resp: WireResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
+    async def relay(self, resp: WireResponse, send: Send, *, strip_usage: bool, writer: BodyWriter | None = None, **options: Any) -> StreamResult:
         # `strip_usage` is moot: the usage is part of the last event, which the client gets whole.
+        # The frames are awaited and sent one by one (`writer` is for the OpenAI streams, the hot path).
         return await relay_frames(
             resp, send, separator=SSE_SEPARATOR, inspect=inspect_responses_event, on_error=self.stream_error, **options
         )
@@ -131,8 +133,8 @@ class OllamaDialect(_BodyOnlyModel):
     def usage(self, response: Any) -> Body | None:
         return ollama_usage(response)
 
-    async def relay(self, resp: WireResponse, send: Send, *, strip_usage: bool, **options: Any) -> StreamResult:
-        # `strip_usage` is moot: nothing was asked for on the client's behalf.
+    async def relay(self, resp: WireResponse, send: Send, *, strip_usage: bool, writer: BodyWriter | None = None, **options: Any) -> StreamResult:
+        # `strip_usage` is moot: nothing was asked for on the client's behalf; `writer`: as for Responses.
         return await relay_frames(resp, send, separator=LINE, inspect=inspect_ollama_line, on_error=self.stream_error, **options)
 
     def stream_error(self, err: OpenAIError) -> bytes:

@@ -3,7 +3,8 @@
 httptools accepts request lines and headers of any size (a 10 MB header is buffered whole), and
 uvicorn answers what it cannot parse with a plain-text 400. Both happen before the ASGI app sees the
 request, so they are handled here: a head larger than `max_head_bytes` gets a 431 and the
-connection is closed, and every parse error gets OpenAI's error JSON like every other error.
+connection is closed, and every parse error gets OpenAI's error JSON like every other error. It also
+offers each request a synchronous body writer (`gateway/body_writer.py`) for the streaming relay.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.body_writer import offer
 from gateway.errors import OpenAIError
 
 
@@ -55,6 +57,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._reading_head = False
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle.scope is self.scope:  # else: an upgrade, no HTTP cycle
+            offer(self.scope, self.cycle)  # also when the request waits behind a pipelined one
 
     def on_message_complete(self) -> None:
         self._reading_head = True

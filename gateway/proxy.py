@@ -19,6 +19,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.body_writer import BodyWriter, body_writer
 from gateway.errors import OpenAIError
 from gateway.local_errors import local_kind
 from gateway.metrics import GapBuffer
@@ -56,8 +57,10 @@ class ProxyResponse(Response):
         self._status = CLIENT_GONE
         self._streaming = False  # stream headers sent: an interruption must end it with an error event
         self._client_left = False
+        self._writer: BodyWriter | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._writer = body_writer(scope, send)
         work = asyncio.create_task(self._serve(send))
         self._rt.requests.add(work)
         work.add_done_callback(self._rt.requests.discard)
@@ -342,6 +345,7 @@ class ProxyResponse(Response):
                 idle_timeout=rt.settings.timeouts.idle,
                 on_token=on_token,
                 on_gap=gaps.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
+                writer=self._writer,
                 **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
             )
         finally:

@@ -25,8 +25,9 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
+from gateway.body_writer import BodyWriter
 from gateway.errors import OpenAIError
-from gateway.wire import WireError, WireResponse
+from gateway.wire import MAX_FRAME, WireError, WireResponse
 
 DONE = b"data: [DONE]\n\n"
 _SEPARATOR = b"\n\n"
@@ -120,6 +121,76 @@ class _IdleWatch:
         self._handle.cancel()
 
 
+class _Events:
+    """One stream's events, one at a time: what to send for each, and what the stream told so far."""
+
+    __slots__ = ("result", "ended", "failed", "_strip_usage", "_on_token", "_on_gap", "_read", "_by_bytes", "_annotate")
+
+    def __init__(
+        self,
+        strip_usage: bool,
+        on_token: Callable[[float, bool], None],
+        on_gap: Callable[[float], None],
+        read: ChunkReader,
+        annotate: Callable[[bytes], bytes] | None,
+    ) -> None:
+        self.result = StreamResult()
+        self.ended = False  # [DONE] came, or the stream failed
+        self.failed = False  # ended without [DONE]: the client gets an error event (result.error_kind)
+        self._strip_usage = strip_usage
+        self._on_token = on_token
+        self._on_gap = on_gap
+        self._read = read
+        # The byte-level check knows OpenAI's chunks only; other formats are always decoded.
+        self._by_bytes = read is read_openai_chunk
+        self._annotate = annotate
+
+    def fail(self, kind: str) -> None:
+        """End the stream without [DONE]."""
+        self.result.error_kind = kind
+        self.ended = self.failed = True
+
+    def take(self, event: bytes) -> bytes | None:
+        """What to send the client for one whole event (None: nothing)."""
+        result = self.result
+        if not event.startswith(b"data:"):  # comments and other fields pass as they are
+            return event
+        payload = event[5:].strip()
+        if self._by_bytes and tokens_by_bytes(payload):
+            tokens = True
+        elif payload == b"[DONE]":
+            self.ended = True
+            return event
+        else:
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                self.fail("malformed_event")
+                return None
+            if not isinstance(chunk, dict):
+                self.fail("malformed_event")
+                return None
+            if "error" in chunk:  # SGLang reports aborts mid-stream this way; pass it on, [DONE] follows
+                result.error_kind = "stream_error"
+                return event
+            usage, tokens = self._read(chunk)
+            if usage:
+                result.usage = usage
+                if not chunk.get("choices") and self._strip_usage:
+                    return None  # the usage chunk we asked for on the client's behalf
+        if tokens:
+            now = time.monotonic()
+            if result.first_token_at is None:
+                result.first_token_at = now
+                self._on_token(now, True)
+            else:
+                self._on_gap(now - result.last_token_at)  # type: ignore[operator]
+                self._on_token(now, False)
+            result.last_token_at = now
+            result.token_chunks += 1
+        return event if self._annotate is None else self._annotate(event)
+
+
 async def relay_stream(
     resp: WireResponse,
     send: Send,
@@ -130,6 +201,7 @@ async def relay_stream(
     on_gap: Callable[[float], None],
     read: ChunkReader = read_openai_chunk,
     annotate: Callable[[bytes], bytes] | None = None,
+    writer: BodyWriter | None = None,
 ) -> StreamResult:
     """Relay every event of `resp` to `send` until [DONE], an error or EOF.
 
@@ -139,89 +211,144 @@ async def relay_stream(
     event that carries generated tokens, `on_gap(seconds)` with the time since the previous one;
     `annotate`, when given, rewrites each chunk event before it is sent (the service tier's echo).
     `read` tells an event's usage so far and whether it carries tokens (the API's chunk format).
+    With a `writer` (the server's, for this request) events are relayed as they are read, in the
+    upstream connection's read callback, and written with it instead of `send`.
     """
+    events = _Events(strip_usage, on_token, on_gap, read, annotate)
     watch = _IdleWatch(idle_timeout)
     try:
-        return await _relay(resp, send, watch, strip_usage, on_token, on_gap, read, annotate)
+        if writer is None:
+            await _pull(resp, send, watch, events)
+        else:
+            await _Push(resp, writer, watch, events).run()
     finally:
         watch.close()
+    if events.failed:
+        kind = events.result.error_kind
+        failure = OpenAIError(502, f"upstream stream failed: {kind}", code=kind)
+        await send({"type": "http.response.body", "body": failure.sse_event() + DONE, "more_body": True})
+    return events.result
 
 
-async def _relay(
-    resp: WireResponse,
-    send: Send,
-    watch: _IdleWatch,
-    strip_usage: bool,
-    on_token: Callable[[float, bool], None],
-    on_gap: Callable[[float], None],
-    read: ChunkReader,
-    annotate: Callable[[bytes], bytes] | None,
-) -> StreamResult:
-    result = StreamResult()
-    # The byte-level check knows OpenAI's chunks only; other formats are always decoded.
-    by_bytes = read is read_openai_chunk
+async def _pull(resp: WireResponse, send: Send, watch: _IdleWatch, events: _Events) -> None:
+    """Read each event in this task and await `send` for it."""
     readuntil = resp.readuntil
     loop_time = asyncio.get_running_loop().time
-    while True:
+    while not events.ended:
         watch.reading_since = loop_time()
         try:
             event = await readuntil(_SEPARATOR)
         except asyncio.CancelledError:
             if not watch.timed_out():
                 raise
-            result.error_kind = "idle_timeout"
-            break
+            events.fail("idle_timeout")
+            return
         except ValueError:  # one event larger than the read buffer: not something SGLang sends
-            result.error_kind = "malformed_event"
-            break
+            events.fail("malformed_event")
+            return
         except (WireError, ConnectionError):
-            result.error_kind = "disconnected"
-            break
+            events.fail("disconnected")
+            return
         finally:
             watch.reading_since = None
         if not event.endswith(_SEPARATOR):  # EOF, possibly with half an event: the stream was cut
-            result.error_kind = "truncated"
-            break
-        if not event.startswith(b"data:"):  # comments and other fields pass as they are
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-            continue
-        payload = event[5:].strip()
-        if by_bytes and tokens_by_bytes(payload):
-            tokens = True
-        elif payload == b"[DONE]":
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-            return result
+            events.fail("truncated")
+            return
+        out = events.take(event)
+        if out is not None:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+
+
+class _Push:
+    """Relays in the upstream connection's read callback (`BodySink`); the task waits for the end.
+
+    The task wakes only when the stream ends or the client's socket buffer fills (then upstream
+    reading pauses until the client drains). An exception raised while relaying is re-raised in
+    the task, as `_pull` would raise it.
+    """
+
+    __slots__ = ("_resp", "_writer", "_watch", "_events", "_rest", "_wakeup", "_error", "_stopped", "_loop_time")
+
+    def __init__(self, resp: WireResponse, writer: BodyWriter, watch: _IdleWatch, events: _Events) -> None:
+        self._resp = resp
+        self._writer = writer
+        self._watch = watch
+        self._events = events
+        self._rest = b""  # the start of an event whose end has not arrived
+        loop = asyncio.get_running_loop()
+        self._loop_time = loop.time
+        self._wakeup: asyncio.Future[None] = loop.create_future()
+        self._error: Exception | None = None
+        self._stopped = False
+
+    async def run(self) -> None:
+        """Relay until the stream ends; returns with `events` ended, or raises."""
+        watch, events = self._watch, self._events
+        watch.reading_since = self._loop_time()
+        self._resp.divert(self)
+        try:
+            while not self._stopped:
+                await self._wakeup
+                if self._stopped:
+                    break
+                self._wakeup = asyncio.get_running_loop().create_future()
+                await self._writer.drain()
+                watch.reading_since = self._loop_time()
+                self._resp.resume()
+        except asyncio.CancelledError:
+            if not watch.timed_out():
+                raise
+            events.fail("idle_timeout")
+        finally:
+            self._stopped = True
+        if self._error is not None:
+            raise self._error
+
+    def data(self, data: bytes) -> None:
+        if self._stopped:
+            return
+        if self._rest:
+            data = self._rest + data
+        try:
+            self._relay(data)
+        except Exception as exc:  # noqa: BLE001 - raised in the task, not in the socket's callback
+            self._error = exc
+            self._stop()
+
+    def _relay(self, data: bytes) -> None:
+        events, writer = self._events, self._writer
+        start = 0
+        while (at := data.find(_SEPARATOR, start)) >= 0:
+            end = at + 2
+            out = events.take(data[start:end])
+            start = end
+            if out is not None:
+                writer.write(out)
+            if events.ended:
+                self._stop()
+                return
+        self._rest = data[start:]
+        if len(self._rest) > MAX_FRAME:  # one event larger than the read buffer: not something SGLang sends
+            events.fail("malformed_event")
+            self._stop()
+        elif writer.paused:
+            self._resp.pause()
+            self._watch.reading_since = None  # a slow client is no upstream silence
+            self._wake()
         else:
-            try:
-                chunk = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                result.error_kind = "malformed_event"
-                break
-            if not isinstance(chunk, dict):
-                result.error_kind = "malformed_event"
-                break
-            if "error" in chunk:  # SGLang reports aborts mid-stream this way; pass it on, [DONE] follows
-                result.error_kind = "stream_error"
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-                continue
-            usage, tokens = read(chunk)
-            if usage:
-                result.usage = usage
-                if not chunk.get("choices") and strip_usage:
-                    continue  # the usage chunk we asked for on the client's behalf
-        if tokens:
-            now = time.monotonic()
-            if result.first_token_at is None:
-                result.first_token_at = now
-                on_token(now, True)
-            else:
-                on_gap(now - result.last_token_at)  # type: ignore[operator]
-                on_token(now, False)
-            result.last_token_at = now
-            result.token_chunks += 1
-        if annotate is not None:
-            event = annotate(event)
-        await send({"type": "http.response.body", "body": event, "more_body": True})
-    failure = OpenAIError(502, f"upstream stream failed: {result.error_kind}", code=result.error_kind)
-    await send({"type": "http.response.body", "body": failure.sse_event() + DONE, "more_body": True})
-    return result
+            self._watch.reading_since = self._loop_time()
+
+    def end(self, exc: BaseException | None) -> None:
+        if self._stopped:
+            return
+        # At the body's end without [DONE], with or without half an event: the stream was cut.
+        self._events.fail("truncated" if exc is None else "disconnected")
+        self._stop()
+
+    def _stop(self) -> None:
+        self._stopped = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._wakeup.done():
+            self._wakeup.set_result(None)

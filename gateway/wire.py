@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable
+from typing import Protocol
 
 import httptools
 
@@ -71,21 +72,33 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+class BodySink(Protocol):
+    """Takes a response's body as it arrives, in the connection's read callback (`WireResponse.divert`)."""
+
+    def data(self, data: bytes) -> None:
+        """The next bytes of the body (a piece of a chunk, or several)."""
+
+    def end(self, exc: BaseException | None) -> None:
+        """The body ended: cleanly (None) or not (a `WireError`). Nothing follows."""
+
+
 class WireResponse:
     """One response: its status and headers once they arrived, then its body as the bytes come."""
 
-    __slots__ = ("status", "headers", "_conn", "_buf", "_scan", "_done", "_exc", "_waiter", "_draining")
+    __slots__ = ("status", "headers", "_conn", "_loop", "_buf", "_scan", "_done", "_exc", "_waiter", "_draining", "_sink")
 
     def __init__(self, conn: Connection) -> None:
         self.status = 0  # 0 until the head arrived
         self.headers = Headers([])
         self._conn: Connection | None = conn  # None once the exchange ended (the connection is pooled or closed)
+        self._loop = conn.loop  # asyncio.get_running_loop() costs a getpid() system call on Python 3.11
         self._buf = bytearray()
         self._scan = 0  # where the next separator search starts
         self._done = False  # the body ended cleanly
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._draining = False  # read(): take everything, never pause the socket
+        self._sink: BodySink | None = None
 
     async def read(self, timeout: float | None = None) -> bytes:
         """The whole (rest of the) body; raises `BodyDropped`, or TimeoutError after `timeout` seconds."""
@@ -94,8 +107,7 @@ class WireResponse:
             self._conn.resume()
         timer = None
         if timeout is not None and not self._done and self._exc is None:
-            loop = asyncio.get_running_loop()
-            timer = loop.call_at(loop.time() + timeout, self._expire)
+            timer = self._loop.call_at(self._loop.time() + timeout, self._expire)
         try:
             while not self._done:
                 if self._exc is not None:
@@ -142,8 +154,7 @@ class WireResponse:
 
         Any failure closes the connection: the request may be running upstream.
         """
-        loop = asyncio.get_running_loop()
-        timer = loop.call_at(deadline, self._expire)
+        timer = self._loop.call_at(deadline, self._expire)
         try:
             while self.status == 0:
                 if self._exc is not None:
@@ -154,6 +165,32 @@ class WireResponse:
             raise
         finally:
             timer.cancel()
+
+    def divert(self, sink: BodySink) -> None:
+        """From now on hand the body to `sink` as it arrives, starting with what is already here.
+
+        Instead of `readuntil` or `read`: no task waits, `sink` is called from the read callback.
+        """
+        self._sink = sink
+        if self._buf:
+            data = bytes(self._buf)
+            self._buf.clear()
+            self.resume()
+            sink.data(data)
+        if self._exc is not None:
+            sink.end(self._exc)
+        elif self._done:
+            sink.end(None)
+
+    def pause(self) -> None:
+        """Stop reading the socket (a diverted body's reader cannot keep up)."""
+        if self._conn is not None:
+            self._conn.pause()
+
+    def resume(self) -> None:
+        """Read the socket again."""
+        if self._conn is not None:
+            self._conn.resume()
 
     def release(self) -> None:
         """Done with the response: a finished exchange's connection is already pooled; else it is closed."""
@@ -166,7 +203,7 @@ class WireResponse:
             conn.close()
 
     async def _wait(self) -> None:
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self._loop.create_future()
         try:
             await waiter
         finally:
@@ -190,6 +227,9 @@ class WireResponse:
         self._wake()
 
     def _feed(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._sink.data(data)
+            return
         self._buf += data
         if len(self._buf) > _HIGH_WATER and not self._draining and self._conn is not None:
             self._conn.pause()
@@ -198,11 +238,15 @@ class WireResponse:
     def _finished(self) -> None:
         self._done = True
         self._conn = None
+        if self._sink is not None:
+            self._sink.end(None)
         self._wake()
 
     def _abort(self, exc: BaseException) -> None:
         self._exc = exc
         self._conn = None
+        if self._sink is not None:
+            self._sink.end(exc)
         self._wake()
 
 
@@ -212,6 +256,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, on_idle: Callable[[Connection], None], on_closed: Callable[[Connection, State], None]) -> None:
         self._on_idle = on_idle
         self._on_closed = on_closed
+        self.loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._resp: WireResponse | None = None

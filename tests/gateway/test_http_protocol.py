@@ -12,6 +12,7 @@ import functools
 import inspect
 import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.body_writer import body_writer
 from gateway.http_protocol import GatewayHttpProtocol
 
 LIMIT = 2048
@@ -31,12 +33,29 @@ async def ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.fixture
-async def port() -> AsyncIterator[int]:
+async def writer_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Streams two events with the server's body writer; says whether a wrapped `send` got one too."""
+    await receive()
+
+    async def wrapped(message: Any) -> None:  # what a middleware that looks at the body passes on
+        await send(message)
+
+    writer = body_writer(scope, send)
+    assert writer is not None
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    writer.write(b"data: 1\n\n")
+    writer.write(b"")  # never the empty chunk that would end the response
+    writer.write(b"data: 2\n\n")
+    last = b"wrapped send bypassed\n" if body_writer(scope, wrapped) is not None else b""
+    await send({"type": "http.response.body", "body": last, "more_body": False})
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
-        ok_app, http=functools.partial(GatewayHttpProtocol, max_head_bytes=LIMIT), log_config=None, lifespan="off"
+        app, http=functools.partial(GatewayHttpProtocol, max_head_bytes=LIMIT), log_config=None, lifespan="off"
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -47,6 +66,12 @@ async def port() -> AsyncIterator[int]:
     server.should_exit = True
     await asyncio.wait_for(task, 10)
     sock.close()
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    async with serving(ok_app) as port:
+        yield port
 
 
 async def exchange(port: int, request: bytes) -> bytes:
@@ -103,3 +128,29 @@ async def test_requests_within_the_limit_pass_on_a_kept_alive_connection(port: i
     last = b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
     response = await exchange(port, one * 3 + last)
     assert response.count(b"HTTP/1.1 200 ") == 4
+
+
+def unchunk(body: bytes) -> bytes:
+    """A chunked body's payload; fails unless it is framed exactly (ending in the last chunk)."""
+    out = b""
+    while True:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        assert rest[n : n + 2] == b"\r\n", body
+        out, body = out + rest[:n], rest[n + 2 :]
+        if n == 0:
+            assert body == b"", body
+            return out
+
+
+async def test_the_body_writer_streams_chunks_the_server_frames_and_ends() -> None:
+    async with serving(writer_app) as port:
+        request = b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}"
+        close = b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+        response = await exchange(port, request + close)
+    first, second = response.split(b"HTTP/1.1 200 OK\r\n")[1:]  # both on one kept-alive connection
+    for one in (first, second):
+        head, body = one.split(b"\r\n\r\n", 1)
+        assert b"transfer-encoding: chunked" in head
+        # The last message went through `send`; a wrapped `send` was not given the writer.
+        assert unchunk(body) == b"data: 1\n\ndata: 2\n\n"

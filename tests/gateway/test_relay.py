@@ -1,14 +1,60 @@
-"""The SSE relay against a scripted upstream: bytes pass through untouched, failures end cleanly."""
+"""The SSE relay against a scripted upstream: bytes pass through untouched, failures end cleanly.
+
+Every test runs both ways the relay can run: pulling events in the request's task and awaiting
+`send` for each, and pushed from the upstream connection's read callback through the server's
+body writer (`gateway/body_writer.py`), here on a stand-in for uvicorn's request cycle.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 import pytest
 
+from gateway.body_writer import EXTENSION, BodyWriter, body_writer
 from gateway.relay import DONE, relay_stream
-from gateway.wire import WireResponse
+from gateway.wire import MAX_FRAME, Connection, WireResponse
+
+
+class Flow:
+    """uvicorn's flow control as the body writer sees it: paused, and drained by the test."""
+
+    def __init__(self) -> None:
+        self.write_paused = False
+        self.drained = asyncio.Event()
+        self.drained.set()
+
+    async def drain(self) -> None:
+        await self.drained.wait()
+
+
+class Cycle:
+    """What `BodyWriter` uses of uvicorn's request cycle; every body, written or sent, lands in `sent`."""
+
+    def __init__(self, pause_after: int | None = None) -> None:
+        self.sent: list[bytes] = []
+        self.disconnected = False
+        self.transport = self
+        self.flow = Flow()
+        self._pause_after = pause_after
+
+    def write(self, data: bytes) -> None:  # the client's transport: one chunk of a chunked body
+        size, _, rest = data.partition(b"\r\n")
+        assert int(size, 16) == len(rest) - 2 > 0 and rest.endswith(b"\r\n")
+        self.sent.append(rest[:-2])
+        if self._pause_after is not None and len(self.sent) >= self._pause_after:
+            self.flow.write_paused = True
+            self.flow.drained.clear()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message["body"])
+
+
+@pytest.fixture(params=["pull", "push"])
+def push(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param == "push")
 
 
 def event(obj: Any) -> bytes:
@@ -24,42 +70,44 @@ FINISH = event({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason"
 USAGE = event({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
 
 
-async def run_relay(resp: WireResponse, *, strip_usage: bool, idle: float = 5.0) -> tuple[bytes, Any, list[float], int]:
-    sent: list[bytes] = []
+async def run_relay(
+    resp: WireResponse, *, push: bool, strip_usage: bool, idle: float = 5.0, cycle: Cycle | None = None
+) -> tuple[bytes, Any, list[float], int]:
+    cycle = cycle or Cycle()
     gaps: list[float] = []
     firsts = 0
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message["body"])
 
     def on_token(now: float, first: bool) -> None:
         nonlocal firsts
         firsts += first
 
-    result = await relay_stream(resp, send, strip_usage=strip_usage, idle_timeout=idle, on_token=on_token, on_gap=gaps.append)
+    writer = BodyWriter(cycle) if push else None
+    result = await relay_stream(
+        resp, cycle.send, strip_usage=strip_usage, idle_timeout=idle, on_token=on_token, on_gap=gaps.append, writer=writer
+    )
     resp.close()
-    return b"".join(sent), result, gaps, firsts
+    return b"".join(cycle.sent), result, gaps, firsts
 
 
-async def test_bytes_are_relayed_untouched_and_usage_is_read(upstream) -> None:  # type: ignore[no-untyped-def]
+async def test_bytes_are_relayed_untouched_and_usage_is_read(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
     parts = [ROLE, chunk("a"), chunk("bc d") + chunk("e"), FINISH, USAGE, DONE]
-    out, result, gaps, firsts = await run_relay(await upstream(parts), strip_usage=False)
+    out, result, gaps, firsts = await run_relay(push=push, resp=await upstream(parts), strip_usage=False)
     assert out == b"".join(parts)
     assert result.error_kind is None
     assert result.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert result.token_chunks == 3 and firsts == 1 and len(gaps) == 2  # role and finish chunks carry no tokens
 
 
-async def test_usage_chunk_is_stripped_when_the_client_did_not_ask(upstream) -> None:  # type: ignore[no-untyped-def]
+async def test_usage_chunk_is_stripped_when_the_client_did_not_ask(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
     parts = [chunk("a"), FINISH, USAGE, DONE]
-    out, result, _, _ = await run_relay(await upstream(parts), strip_usage=True)
+    out, result, _, _ = await run_relay(push=push, resp=await upstream(parts), strip_usage=True)
     assert out == chunk("a") + FINISH + DONE
     assert result.usage is not None and result.usage["completion_tokens"] == 3
 
 
-async def test_event_split_across_writes_is_reassembled(upstream) -> None:  # type: ignore[no-untyped-def]
+async def test_event_split_across_writes_is_reassembled(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
     whole = chunk("hello")
-    out, result, _, _ = await run_relay(await upstream([whole[:7], whole[7:20], whole[20:], DONE]), strip_usage=True)
+    out, result, _, _ = await run_relay(push=push, resp=await upstream([whole[:7], whole[7:20], whole[20:], DONE]), strip_usage=True)
     assert out == whole + DONE and result.token_chunks == 1
 
 
@@ -70,10 +118,11 @@ async def test_event_split_across_writes_is_reassembled(upstream) -> None:  # ty
         ([chunk("a"), b"data: {\"choi"], "truncated"),
         ([chunk("a"), b"data: not json\n\n", chunk("b"), DONE], "malformed_event"),
         ([b"data: [1, 2]\n\n"], "malformed_event"),
+        ([chunk("a"), b"data: " + b"x" * (MAX_FRAME + 1)], "malformed_event"),
     ],
 )
-async def test_broken_streams_end_with_an_error_event_and_done(upstream, parts: list[bytes], kind: str) -> None:  # type: ignore[no-untyped-def]
-    out, result, _, _ = await run_relay(await upstream(parts), strip_usage=True)
+async def test_broken_streams_end_with_an_error_event_and_done(upstream, push: bool, parts: list[bytes], kind: str) -> None:  # type: ignore[no-untyped-def]
+    out, result, _, _ = await run_relay(push=push, resp=await upstream(parts), strip_usage=True)
     assert result.error_kind == kind
     assert out.startswith(chunk("a")) or kind == "malformed_event"
     assert b"not json" not in out  # garbage never reaches the client
@@ -83,14 +132,91 @@ async def test_broken_streams_end_with_an_error_event_and_done(upstream, parts: 
     assert error["error"]["code"] == kind and error["error"]["type"] == "server_error"
 
 
-async def test_upstream_error_event_is_passed_on(upstream) -> None:  # type: ignore[no-untyped-def]
+async def test_upstream_error_event_is_passed_on(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
     err = event({"error": {"message": "The request queue is full.", "type": "Service Unavailable", "code": 503}})
-    out, result, _, _ = await run_relay(await upstream([chunk("a"), err, DONE]), strip_usage=True)
+    out, result, _, _ = await run_relay(push=push, resp=await upstream([chunk("a"), err, DONE]), strip_usage=True)
     assert out == chunk("a") + err + DONE
     assert result.error_kind == "stream_error"
 
 
-async def test_silent_upstream_hits_the_idle_timeout(upstream) -> None:  # type: ignore[no-untyped-def]
-    out, result, _, _ = await run_relay(await upstream([chunk("a")], hang=True), strip_usage=True, idle=0.2)
+async def test_silent_upstream_hits_the_idle_timeout(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
+    out, result, _, _ = await run_relay(push=push, resp=await upstream([chunk("a")], hang=True), strip_usage=True, idle=0.2)
     assert result.error_kind == "idle_timeout"
     assert out.endswith(DONE) and b"idle_timeout" in out
+
+
+async def test_an_exception_while_relaying_is_raised_in_the_request_task(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
+    # Pushed, it happens in the socket's read callback: it must not pass for an upstream failure.
+    def on_token(now: float, first: bool) -> None:
+        raise RuntimeError("bookkeeping failed")
+
+    cycle = Cycle()
+    resp = await upstream([chunk("a"), DONE])
+    with pytest.raises(RuntimeError, match="bookkeeping failed"):
+        await relay_stream(
+            resp, cycle.send, strip_usage=True, idle_timeout=5.0, on_token=on_token, on_gap=lambda gap: None,
+            writer=BodyWriter(cycle) if push else None,
+        )
+    resp.close()
+
+
+class Transport:
+    """The upstream socket, read by hand: records whether reading is paused."""
+
+    def __init__(self) -> None:
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+async def test_a_client_that_cannot_keep_up_pauses_upstream_reading_without_an_idle_timeout() -> None:
+    conn = Connection(lambda c: None, lambda c, was: None)
+    socket = Transport()
+    conn.connection_made(socket)  # type: ignore[arg-type]
+    resp = WireResponse(conn)
+    conn.send(b"", resp)
+    conn.data_received(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(chunk("a") + chunk("b")))
+    cycle = Cycle(pause_after=1)  # the client's buffer fills with the first event
+    relay = asyncio.create_task(run_relay(resp, push=True, strip_usage=True, idle=0.05, cycle=cycle))
+    async with asyncio.timeout(5):
+        while not socket.paused:
+            await asyncio.sleep(0.01)
+    assert cycle.sent == [chunk("a"), chunk("b")]  # what was read is written; nothing more is read
+    await asyncio.sleep(0.2)  # 4x the idle timeout: waiting on the client is no upstream silence
+    assert not relay.done()
+    cycle.flow.write_paused = False
+    cycle.flow.drained.set()
+    async with asyncio.timeout(5):
+        while socket.paused:
+            await asyncio.sleep(0.01)
+    conn.data_received(chunked(chunk("c") + DONE) + b"0\r\n\r\n")
+    out, result, _, _ = await relay
+    assert out == chunk("a") + chunk("b") + chunk("c") + DONE
+    assert result.error_kind is None and result.token_chunks == 3
+
+
+def test_the_body_writer_is_used_only_with_the_servers_own_send() -> None:
+    cycle = Cycle()
+    writer = BodyWriter(cycle)
+    scope = {"extensions": {EXTENSION: writer}}
+
+    async def wrapped(message: dict[str, Any]) -> None:
+        await cycle.send(message)
+
+    assert body_writer(scope, cycle.send) is writer
+    assert body_writer(scope, wrapped) is None  # a middleware between them sees every body
+    assert body_writer({}, cycle.send) is None  # any other ASGI server: the relay awaits `send`
