@@ -14,6 +14,7 @@ might look at or change the body) is bypassed. Under any other ASGI server the r
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from starlette.types import Scope, Send
@@ -28,29 +29,33 @@ class BodyWriter:
     the last, empty body message still goes through `send`, which completes the response.
     """
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_transport", "_flow")
 
     def __init__(self, cycle: Any) -> None:  # uvicorn's RequestResponseCycle (httptools)
-        self._cycle = cycle
+        # The cycle holds the scope, which holds this writer: a strong reference back made every
+        # request's cycle garbage only the collector frees, ~10% of the gateway's CPU per request.
+        self._cycle = weakref.ref(cycle)
+        self._transport = cycle.transport  # the connection's: it outlives the request
+        self._flow = cycle.flow
 
     def serves(self, send: Send) -> bool:
         """True when `send` is this request's own, unwrapped server `send`."""
-        return send == self._cycle.send
+        cycle = self._cycle()
+        return cycle is not None and send == cycle.send
 
     def write(self, body: bytes) -> None:
         """Send one chunk; a client that has left is not written to, as `send` does."""
-        cycle = self._cycle
-        if body and not cycle.disconnected:  # an empty chunk would end the response
-            cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        if body and not self._transport.is_closing():  # an empty chunk would end the response
+            self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
 
     @property
     def paused(self) -> bool:
         """The client's socket buffer is full: write no more until `drain` returns."""
-        return bool(self._cycle.flow.write_paused) and not self._cycle.disconnected
+        return bool(self._flow.write_paused) and not self._transport.is_closing()
 
     async def drain(self) -> None:
         """Wait until the client can take more (returns at once when it has left)."""
-        await self._cycle.flow.drain()
+        await self._flow.drain()
 
 
 def offer(scope: Scope, cycle: Any) -> None:

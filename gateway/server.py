@@ -28,6 +28,7 @@ from gateway.runtime import Runtime
 log = logging.getLogger("specgate")
 
 T = TypeVar("T")
+_YOUNG_OBJECTS = 20_000  # the collector's first threshold: above the objects ~250 requests in flight hold
 
 
 class Stopped(Exception):
@@ -100,6 +101,11 @@ async def serve_http(
         # 6,600 -> 7,300 req/s.
         gc.collect()
         gc.freeze()
+        # A young generation of 700 objects (the default) is smaller than the objects in-flight
+        # requests hold, so it was collected over and over: at C=64 non-streamed, 1,450 collections
+        # in 5 s, 6.3% of the gateway's CPU (9 us a request). Above that working set, almost every
+        # object is freed by reference counting first: 4 collections, 0.1%.
+        gc.set_threshold(_YOUNG_OBJECTS)
         await lifecycle.unless_stopped(on_listening())
         await lifecycle.unless_stopped(asyncio.shield(serving))
     except Stopped:

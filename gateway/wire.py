@@ -199,6 +199,7 @@ class WireResponse:
     def close(self) -> None:
         """End the exchange; closes the connection unless the response had fully arrived."""
         conn, self._conn = self._conn, None
+        self._sink = None  # it refers back to this response: no cycle left for the collector
         if conn is not None:
             conn.close()
 
@@ -238,15 +239,17 @@ class WireResponse:
     def _finished(self) -> None:
         self._done = True
         self._conn = None
-        if self._sink is not None:
-            self._sink.end(None)
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.end(None)
         self._wake()
 
     def _abort(self, exc: BaseException) -> None:
         self._exc = exc
         self._conn = None
-        if self._sink is not None:
-            self._sink.end(exc)
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.end(exc)
         self._wake()
 
 

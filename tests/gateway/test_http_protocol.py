@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import gc
 import socket
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,9 +35,13 @@ async def ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
+CYCLES: list[weakref.ref[Any]] = []  # each request writer_app served: its server-side request cycle
+
+
 async def writer_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Streams two events with the server's body writer; says whether a wrapped `send` got one too."""
     await receive()
+    CYCLES.append(weakref.ref(send.__self__))
 
     async def wrapped(message: Any) -> None:  # what a middleware that looks at the body passes on
         await send(message)
@@ -154,3 +160,20 @@ async def test_the_body_writer_streams_chunks_the_server_frames_and_ends() -> No
         assert b"transfer-encoding: chunked" in head
         # The last message went through `send`; a wrapped `send` was not given the writer.
         assert unchunk(body) == b"data: 1\n\ndata: 2\n\n"
+
+
+async def test_a_request_offered_the_body_writer_is_freed_without_the_garbage_collector() -> None:
+    # A reference cycle through the writer would leave every request to the collector (~10% of CPU).
+    CYCLES.clear()
+    gc.disable()
+    try:
+        async with serving(writer_app) as port:
+            request = b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+            for _ in range(3):
+                assert (await exchange(port, request)).startswith(b"HTTP/1.1 200 ")
+            async with asyncio.timeout(5):
+                while any(ref() is not None for ref in CYCLES):
+                    await asyncio.sleep(0.01)
+        assert len(CYCLES) == 3
+    finally:
+        gc.enable()
