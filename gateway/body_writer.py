@@ -50,8 +50,11 @@ class BodyWriter:
 
     @property
     def paused(self) -> bool:
-        """The client's socket buffer is full: write no more until `drain` returns."""
-        return bool(self._flow.write_paused) and not self._transport.is_closing()
+        """The client's socket buffer is full: write no more until `drain` returns.
+
+        uvicorn resumes writing when the client leaves, so a gone client never reads as paused.
+        """
+        return bool(self._flow.write_paused)
 
     async def drain(self) -> None:
         """Wait until the client can take more (returns at once when it has left)."""

@@ -98,16 +98,19 @@ def _event(choice: dict[str, Any] | None = None, **extra: Any) -> bytes:
         _event({"delta": {"content": "a"}}, usage={"completion_tokens": 3}),
         orjson.dumps({"error": {"message": "x"}, "choices": [{"delta": {"content": "a"}}]}),
         b'{"choices": [{"delta": {"content": "spaced"}}]}',
+        orjson.dumps({"usage": {"completion_tokens": 3}, "choices": [{"delta": {"content": "a"}}], "x": {"usage": None}}),
+        orjson.dumps({"id": "x", "choices": [{"delta": {"content": "a"}}], "usage": {"completion_tokens": 3}}),
     ],
 )
 def test_token_chunks_recognised_by_bytes_agree_with_a_full_decode(payload: bytes) -> None:
     # The byte check may pass on to the decoder, but when it says "tokens" the decoder must agree,
     # and a chunk with usage or an error is always decoded.
     decoded = orjson.loads(payload)
-    if tokens_by_bytes(payload):
+    event = b"data: " + payload + b"\n\n"
+    if tokens_by_bytes(event):
         assert _carries_tokens(decoded) and "error" not in decoded and not decoded.get("usage")
     if payload.startswith(b'{"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"}'):
-        assert tokens_by_bytes(payload)
+        assert tokens_by_bytes(event)
 
 
 async def _call(middleware: FastProxyRoutes, body: bytes) -> tuple[list[Message], list[bytes]]:
@@ -164,3 +167,10 @@ async def test_a_client_gone_before_its_body_was_read_counts_as_gone() -> None:
     await middleware(scope, receive, send)
     assert inner_called == []
     assert rt.metrics.requests.labels("none", "chat", "499")._value.get() == before + 1
+
+
+def test_sglang_token_chunks_take_the_byte_path() -> None:
+    # SGLang's layout: every chunk ends with a null usage; a token chunk must not need a decode.
+    chunk = orjson.dumps({"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": None, "content": "a"}}], "usage": None})
+    assert tokens_by_bytes(b"data: " + chunk + b"\n\n")
+    assert not tokens_by_bytes(b"data: " + chunk.replace(b'"content":"a"', b'"content":""') + b"\n\n")

@@ -1,0 +1,146 @@
+"""Benchmark: the streaming relay's own CPU per chunk, without sockets: pulled against pushed.
+
+A `gateway.wire.Connection` is fed an SGLang-shaped chunked SSE response by hand (its transport
+is a stand-in) and `gateway.relay.relay_stream` relays it to a stand-in client: uvicorn's request
+cycle as the body writer sees it, with a transport that drops what it is given. Pulled: each chunk
+is fed, then the event loop runs the relay task until the chunk is sent (a task wake-up and an
+awaited `send` per event). Pushed: the chunk is relayed inside `data_received` and written with the
+`BodyWriter`. The socket calls a real relay adds (a read and a write per chunk, and the event
+loop's poll) are not here: this is the interpreter's share, which does not drift with the machine's
+load the way the end-to-end numbers of `benchmarks/gateway_overhead.py` do. Best of `--repeat`.
+
+    python -m benchmarks.relay_cost --out docs/benchmarks/relay-cost.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvloop
+from prometheus_client import CollectorRegistry, Histogram
+
+from benchmarks.output import publish
+from gateway.body_writer import BodyWriter
+from gateway.metrics import GapBuffer
+from gateway.relay import relay_stream
+from gateway.wire import Connection, WireResponse
+
+# A chat chunk as SGLang 0.5 streams it (one token of content, usage null).
+CHUNK = b"data: " + orjson.dumps({
+    "id": "0123456789abcdef0123456789abcdef", "object": "chat.completion.chunk", "created": 1764547200,
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "choices": [{"index": 0, "delta": {"role": None, "content": " token", "reasoning_content": None, "tool_calls": None},
+                 "logprobs": None, "finish_reason": None, "matched_stop": None}],
+    "usage": None,
+}) + b"\n\n"
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+class _Socket:
+    """Both sockets: writes are dropped, reading is never paused for long."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Flow:
+    write_paused = False
+
+    async def drain(self) -> None:
+        pass
+
+
+class _Cycle:
+    """uvicorn's request cycle as `BodyWriter` and the relay see it; counts the bodies sent."""
+
+    def __init__(self) -> None:
+        self.transport = _Socket()
+        self.flow = _Flow()
+        self.sent = 0
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent += 1
+
+
+async def _per_chunk(push: bool, chunks: int, itl: Histogram) -> float:
+    conn = Connection(lambda c: None, lambda c, was: None)
+    conn.connection_made(_Socket())  # type: ignore[arg-type]
+    resp = WireResponse(conn)
+    conn.send(b"", resp)
+    conn.data_received(_HEAD)
+    cycle = _Cycle()
+    gaps = GapBuffer(itl)
+    relay = asyncio.create_task(relay_stream(
+        resp, cycle.send, strip_usage=True, idle_timeout=600.0, on_token=lambda now, first: None, on_gap=gaps.observe,
+        writer=BodyWriter(cycle) if push else None,
+    ))
+    await asyncio.sleep(0)  # the relay starts waiting for the first event
+    piece = _chunked(CHUNK)
+    started = time.perf_counter()
+    for _ in range(chunks):
+        conn.data_received(piece)
+        while not push and cycle.sent < 1:  # pulled: the relay task sends it on its turn
+            await asyncio.sleep(0)
+        cycle.sent = 0
+    spent = time.perf_counter() - started
+    conn.data_received(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    await relay
+    return spent / chunks
+
+
+async def _run(chunks: int, repeat: int) -> dict[str, float]:
+    itl = Histogram("itl_seconds", "inter-token gaps", registry=CollectorRegistry())
+    best = {"pulled": float("inf"), "pushed": float("inf")}
+    for _ in range(repeat):  # alternating, so both see the same machine
+        for name, push in (("pulled", False), ("pushed", True)):
+            best[name] = min(best[name], await _per_chunk(push, chunks, itl))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunks", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    best = uvloop.run(_run(args.chunks, args.repeat))
+    lines = [
+        "# The streaming relay's own CPU per chunk, without sockets",
+        "",
+        f"Command: `python -m benchmarks.relay_cost --chunks {args.chunks} --repeat {args.repeat}` "
+        f"(Python {platform.python_version()}, uvloop). A {len(CHUNK)}-byte SGLang chat chunk per read, relayed to a "
+        "client whose socket drops the bytes; best of the runs. The socket calls every proxy pays per chunk (read, "
+        "write, poll) are not included.",
+        "",
+        "| relay | µs per chunk | |",
+        "|---|---|---|",
+    ]
+    for name, seconds in best.items():
+        lines.append(f"| {name} | {seconds * 1e6:.2f} | {seconds / best['pulled']:.2f}x |")
+    publish("\n".join(lines) + "\n", args.out)
+
+
+if __name__ == "__main__":
+    main()
