@@ -39,6 +39,8 @@ class FakeBackend:
     status: int = 500
     tokens: int = 3
     token_gap: float = 0.01
+    text: str = "b"  # the content of every token chunk after the first
+    written: int = 0  # token chunks written so far, over all requests
     ready_status: int = 200
     health_status: int = 200
     loads: dict[str, object] | None = None  # its /v1/loads body; None answers 404, as an older SGLang
@@ -60,11 +62,13 @@ class FakeBackend:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(chunk("a"))
+        self.written += 1
         if self.mode == "stall":
             await asyncio.sleep(3600)
         for _ in range(self.tokens - 1):
             await asyncio.sleep(self.token_gap)
-            await resp.write(chunk("b"))
+            await resp.write(chunk(self.text))
+            self.written += 1
         await resp.write(usage_chunk(self.tokens))
         await resp.write(b"data: [DONE]\n\n")
         return resp
