@@ -54,6 +54,8 @@ class _PoolCollector(Collector):
         self._beliefs = policy_beliefs
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        # A worker that has served nothing since the health checker's last change still reports it.
+        self._pool.sync()
         inflight = GaugeMetricFamily("specgate_inflight_requests", "Requests routed and not yet finished", labels=["backend"])
         up = GaugeMetricFamily("specgate_backend_up", "1 when the backend receives traffic", labels=["backend"])
         group_inflight = GaugeMetricFamily(

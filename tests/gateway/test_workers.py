@@ -15,7 +15,7 @@ from gateway.engine_load import parse_engine_load
 from gateway.metrics import GatewayMetrics
 from gateway.policies import AdaptivePolicy
 from gateway.policy import Completion, Decision
-from gateway.pool import Backend, Pool
+from gateway.pool import Backend, Health, Pool
 from gateway.runtime import Runtime
 
 WORKERS = 3
@@ -147,3 +147,16 @@ def test_the_priority_lane_is_the_gateways_whichever_worker_saw_the_priority_req
         workers[i % WORKERS].policy.routed(snapshot, Decision("plain", "adaptive_predicted_faster"))
     assert [lane.describe()["decisions_since_priority"] for lane in lanes] == [window] * WORKERS  # type: ignore[union-attr]
     assert not any(lane.active for lane in lanes)  # type: ignore[union-attr]
+
+
+def test_a_worker_that_served_nothing_scrapes_the_health_checkers_latest_states(board: LoadBoard) -> None:
+    parent, worker = _runtime(board), _runtime(_attach(board, 1))
+    assert b'specgate_backend_up{backend="eagle"} 0.0' in worker.metrics.exposition()
+    for backend in parent.pool:
+        backend.served_model_name, backend.model_card = backend.name, {"id": backend.name}
+    parent.pool.publish_cards()
+    for backend in parent.pool:
+        backend.health = Health.READY
+        parent.pool.publish_health(backend)
+    scraped = worker.metrics.exposition()  # no request, no /ready: only the scrape itself reads the board
+    assert b'specgate_backend_up{backend="eagle"} 1.0' in scraped and b'specgate_backend_up{backend="plain"} 1.0' in scraped
