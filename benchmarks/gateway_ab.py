@@ -1,4 +1,4 @@
-"""Before and after: two checkouts' `specgate serve` (1 worker, threshold policy), alternating, same upstream.
+"""Before and after: two checkouts' `specgate serve` (threshold policy), alternating, same upstream.
 
 The machine is shared and noisy, so a change to the hot path is judged against the code before it
 in the same conditions: one upstream (benchmarks/sse_source.py --lockstep --instant), then for each
@@ -6,7 +6,7 @@ round each checkout's gateway in turn (run from its own tree with its own `.venv
 `benchmarks/gateway_overhead.py`'s `measure`: CPU per request at C=64, CPU per relayed chunk,
 req/s at C=64 and the 256-stream chunk lag p99.
 
-    python benchmarks/gateway_ab.py --before /work/main --after . --rounds 2
+    python benchmarks/gateway_ab.py --before /work/main --after . --rounds 2 [--workers 2]
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--after", type=Path, default=Path("."), help="checkout of the code after (with its .venv)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
+    parser.add_argument("--workers", type=int, default=1, help="the gateways' `[server] workers`")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -75,7 +76,7 @@ def main() -> None:
         source.start()
         try:
             wait_until_ready_blocking(src, source, 30)
-            config = _specgate_config(tmp, src, 1)
+            config = _specgate_config(tmp, src, args.workers)
             for round_ in range(1, args.rounds + 1):
                 for label, tree in trees.items():
                     m = _measure_tree(label, tree, config, tmp / f"{label}-{round_}.log", args.seconds, script)

@@ -242,6 +242,30 @@ def bars(results: list[Measured]) -> list[str]:
     return out
 
 
+def scaling(rounds: list[list[Measured]]) -> list[str]:
+    """The N-worker bar: specgate's chunks/s per core of its CPU with N workers against 1 worker's.
+
+    Judged on each round's own ratio (the two ran back to back, in the same conditions; the
+    machine drifts between rounds), median over the rounds; the ratio of the medians is shown too.
+    """
+    names = [m.name for m in rounds[0] if m.name.startswith("specgate")]
+    if len(names) < 2:
+        return []
+    many = names[-1]
+    at = [m.name for m in rounds[0]].index
+    pairs = [(r[at(names[0])].chunks_per_cpu_second, r[at(many)].chunks_per_cpu_second) for r in rounds]
+    ratios = [n / o for o, n in pairs if o and n]
+    if not ratios:
+        return []
+    paired = statistics.median(ratios)
+    medians = statistics.median(n for _, n in pairs if n) / statistics.median(o for o, _ in pairs if o)
+    verdict = "met" if paired >= 0.9 else "not met"
+    return [
+        f"- {many} against {names[0]}: chunks/s per core of gateway CPU {paired:.3f}x (median of the rounds' own "
+        f"ratios: {', '.join(f'{r:.2f}' for r in ratios)}; ratio of the medians {medians:.3f}x) >= 0.90x: {verdict}"
+    ]
+
+
 def report(rounds: list[list[Measured]], args: argparse.Namespace, cores: int) -> str:
     """Medians over the rounds, the issue's bars on them, then every round's own numbers."""
     results = [_median([r[i] for r in rounds]) for i in range(len(rounds[0]))]
@@ -273,7 +297,7 @@ def report(rounds: list[list[Measured]], args: argparse.Namespace, cores: int) -
             f"| {m.name} | {' | '.join(cells)} | {m.rps:,.0f} | {_us(m.cpu_per_request)} | {_us(m.cpu_per_chunk)} "
             f"| {per_core} | {_ms(m.lag_p99)} | {m.errors} |"
         )
-    lines += ["", "Bars (issue 13), on the medians:", "", *bars(results)]
+    lines += ["", "Bars (issue 13), on the medians:", "", *bars(results), *scaling(rounds)]
     if many:
         lines += ["", "Each round: CPU per request (µs) / CPU per chunk (µs) / req/s C=64 / chunk lag p99 (ms).", ""]
         lines += ["| target | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " |"]

@@ -161,7 +161,11 @@ class GatewayMetrics:
             # This process's values go to files there from here on (prometheus_client reads the class
             # and the directory, a process-wide setting, whenever a series is made).
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiprocess_dir
-            values.ValueClass = values.MultiProcessValue()
+            # Its pid is read once: prometheus_client asks for it at every update (a getpid() system
+            # call, 20% of an update: 0.89 -> 0.72 us a counter, 2.03 -> 1.58 us a histogram) to notice
+            # a fork, and gateway processes are spawned, never forked after this.
+            pid = os.getpid()
+            values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)
             self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, path=multiprocess_dir)
         r = self.registry

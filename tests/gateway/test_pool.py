@@ -100,6 +100,24 @@ def test_decode_window_is_the_mean_load_between_first_and_last_token() -> None:
     assert window == DecodeWindow(seconds=4.0, mean_inflight=2.0, mean_group_inflight=5.0)
 
 
+def test_decode_window_follows_load_changes_between_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr("gateway.pool.time.monotonic", lambda: clock[0])
+    pool = Pool([Backend("eagle", "http://e", True)])
+    slot = pool.acquire("eagle")
+    pool.acquire("eagle")  # two in flight from t=0
+    slot.mark_token(10.0)
+    clock[0] = 12.0
+    late = [pool.acquire("eagle"), pool.acquire("eagle")]  # four from t=12
+    slot.mark_token(13.0)
+    slot.mark_token(14.0)
+    clock[0] = 14.0
+    for extra in late:
+        extra.release()  # back to two the moment the stream ends, before its window is read
+    window = slot.decode_window()
+    assert window == DecodeWindow(seconds=4.0, mean_inflight=3.0, mean_group_inflight=3.0)  # (2*2 + 4*2) / 4
+
+
 def test_a_backend_without_a_group_is_its_own_group() -> None:
     pool = make_pool()
     pool.acquire("eagle")
