@@ -15,6 +15,7 @@ might look at or change the body) is bypassed. Under any other ASGI server the r
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import Scope, Send
@@ -29,7 +30,7 @@ class BodyWriter:
     the last, empty body message still goes through `send`, which completes the response.
     """
 
-    __slots__ = ("_cycle", "_transport", "_flow")
+    __slots__ = ("_cycle", "_transport", "_flow", "_on_gone")
 
     def __init__(self, cycle: Any) -> None:  # uvicorn's RequestResponseCycle (httptools)
         # The cycle holds the scope, which holds this writer: a strong reference back made every
@@ -37,11 +38,27 @@ class BodyWriter:
         self._cycle = weakref.ref(cycle)
         self._transport = cycle.transport  # the connection's: it outlives the request
         self._flow = cycle.flow
+        self._on_gone: Callable[[], None] | None = None
 
     def serves(self, send: Send) -> bool:
         """True when `send` is this request's own, unwrapped server `send`."""
         cycle = self._cycle()
         return cycle is not None and send == cycle.send
+
+    def on_client_gone(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` once if the client leaves before the response completes (at once if it
+        already has); None stops watching (`gateway/client_watch.py`)."""
+        cycle = self._cycle()
+        if callback is not None and (cycle is None or cycle.disconnected):
+            callback()
+            return
+        self._on_gone = callback
+
+    def client_gone(self) -> None:
+        """The server lost the client's connection before the response completed."""
+        callback, self._on_gone = self._on_gone, None
+        if callback is not None:
+            callback()
 
     def write(self, body: bytes) -> None:
         """Send one chunk; a client that has left is not written to, as `send` does."""
@@ -64,6 +81,13 @@ class BodyWriter:
 def offer(scope: Scope, cycle: Any) -> None:
     """Offer the request's `BodyWriter` to the app (called by the server protocol)."""
     scope.setdefault("extensions", {})[EXTENSION] = BodyWriter(cycle)
+
+
+def client_gone(scope: Scope) -> None:
+    """Tell the request's writer, if it has one, that its client left (called by the server protocol)."""
+    writer = scope.get("extensions", {}).get(EXTENSION)
+    if writer is not None:
+        writer.client_gone()
 
 
 def body_writer(scope: Scope, send: Send) -> BodyWriter | None:

@@ -4,7 +4,8 @@ httptools accepts request lines and headers of any size (a 10 MB header is buffe
 uvicorn answers what it cannot parse with a plain-text 400. Both happen before the ASGI app sees the
 request, so they are handled here: a head larger than `max_head_bytes` gets a 431 and the
 connection is closed, and every parse error gets OpenAI's error JSON like every other error. It also
-offers each request a synchronous body writer (`gateway/body_writer.py`) for the streaming relay.
+offers each request a synchronous body writer (`gateway/body_writer.py`) for the streaming relay,
+which also hears when the client leaves.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.body_writer import offer
+from gateway.body_writer import client_gone, offer
 from gateway.errors import OpenAIError
 
 
@@ -59,6 +60,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:  # else: an upgrade, no HTTP cycle
             offer(self.scope, self.cycle)  # also when the request waits behind a pipelined one
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # the response had not completed
+            client_gone(cycle.scope)
 
     def on_message_complete(self) -> None:
         self._reading_head = True

@@ -23,6 +23,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.body_writer import body_writer
+from gateway.client_watch import watch_client
 from gateway.http_protocol import GatewayHttpProtocol
 
 LIMIT = 2048
@@ -101,7 +102,8 @@ def error_of(response: bytes) -> dict[str, Any]:
 
 
 def test_the_private_api_it_overrides_is_still_there() -> None:
-    for name in ("data_received", "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_message_complete"):
+    names = ("data_received", "connection_lost", "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_message_complete")
+    for name in names:
         assert callable(getattr(HttpToolsProtocol, name, None)), f"uvicorn no longer has HttpToolsProtocol.{name}"
     assert list(inspect.signature(HttpToolsProtocol.send_400_response).parameters) == ["self", "msg"]
     assert list(inspect.signature(HttpToolsProtocol.on_header).parameters) == ["self", "name", "value"]
@@ -177,3 +179,65 @@ async def test_a_request_offered_the_body_writer_is_freed_without_the_garbage_co
         assert len(CYCLES) == 3
     finally:
         gc.enable()
+
+
+def watching_app(stop_early: bool, seen: dict[str, Any]) -> Any:
+    """Starts a stream, watches for the client leaving with the server's writer, then waits for it."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        gone = asyncio.Event()
+        seen["receive_after_body"] = 0
+
+        async def counted() -> Any:  # a watcher task would wait here
+            seen["receive_after_body"] += 1
+            return await receive()
+
+        stop = watch_client(body_writer(scope, send), counted, gone.set)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        if stop_early:
+            stop()
+        seen["started"].set()
+        try:
+            async with asyncio.timeout(2):
+                await gone.wait()
+            seen["gone"] = True
+        except TimeoutError:
+            seen["gone"] = False
+        stop()
+
+    return app
+
+
+@pytest.mark.parametrize("stop_early", [False, True])
+async def test_the_server_tells_the_writer_when_the_client_leaves_mid_response(stop_early: bool) -> None:
+    seen: dict[str, Any] = {"started": asyncio.Event()}
+    async with serving(watching_app(stop_early, seen)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+        await seen["started"].wait()
+        writer.close()  # mid-stream: the response never completed
+        async with asyncio.timeout(5):
+            while "gone" not in seen:
+                await asyncio.sleep(0.01)
+    assert seen["gone"] is not stop_early  # heard at once, unless it had stopped watching
+    assert seen["receive_after_body"] == 0  # no task waited on `receive` for it
+
+
+async def test_without_the_servers_writer_a_task_watches_receive() -> None:
+    messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    gone = asyncio.Event()
+    stop = watch_client(None, messages.get, gone.set)
+    await messages.put({"type": "http.request", "body": b"", "more_body": False})
+    await messages.put({"type": "http.disconnect"})
+    async with asyncio.timeout(5):
+        await gone.wait()
+    stop()
+    later = asyncio.Event()
+    stop = watch_client(None, messages.get, later.set)
+    stop()  # stopped before the client left: never told
+    await messages.put({"type": "http.disconnect"})
+    await asyncio.sleep(0)
+    assert not later.is_set() and messages.qsize() == 1
