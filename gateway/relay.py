@@ -10,7 +10,7 @@ chunks, usage, errors, any other spacing of the JSON) is decoded in full, as bef
 would parse into fields and force re-encoding, so framing is split here by hand on the blank line
 that ends every SGLang event.
 
-The idle timeout is one timer per stream, re-armed only when it fires (`_IdleWatch`): an
+The idle timeout is one timer per stream, re-armed only when it fires (`IdleWatch`): an
 `asyncio.timeout` around each read cost ~10 us per chunk (a context object and a timer handle each).
 
 What to do with each event is decided in one place (`_Events.take`); two drivers feed it. Under
@@ -98,7 +98,7 @@ def tokens_by_bytes(event: bytes) -> bool:
     return at >= 0 and event[at + len(_TOOL_CALLS)] != 0x5D  # not the "]" of []
 
 
-class _IdleWatch:
+class IdleWatch:
     """Cancels the relaying task when one read waits longer than `timeout`; one timer per stream."""
 
     __slots__ = ("_loop", "_task", "_timeout", "_handle", "_base", "reading_since", "fired")
@@ -225,7 +225,7 @@ async def relay_stream(
     upstream connection's read callback, and written with it instead of `send`.
     """
     events = _Events(strip_usage, on_token, on_gap, read, annotate)
-    watch = _IdleWatch(idle_timeout)
+    watch = IdleWatch(idle_timeout)
     try:
         if writer is None:
             await _pull(resp, send, watch, events)
@@ -240,7 +240,7 @@ async def relay_stream(
     return events.result
 
 
-async def _pull(resp: WireResponse, send: Send, watch: _IdleWatch, events: _Events) -> None:
+async def _pull(resp: WireResponse, send: Send, watch: IdleWatch, events: _Events) -> None:
     """Read each event in this task and await `send` for it."""
     readuntil = resp.readuntil
     loop_time = asyncio.get_running_loop().time
@@ -279,7 +279,7 @@ class _Push:
 
     __slots__ = ("_resp", "_writer", "_write", "_watch", "_events", "_rest", "_wakeup", "_error", "_stopped", "_loop_time")
 
-    def __init__(self, resp: WireResponse, writer: BodyWriter, watch: _IdleWatch, events: _Events) -> None:
+    def __init__(self, resp: WireResponse, writer: BodyWriter, watch: IdleWatch, events: _Events) -> None:
         self._resp = resp
         self._writer = writer
         self._write = writer.write

@@ -22,7 +22,7 @@ import orjson
 from starlette.types import Send
 
 from gateway.errors import OpenAIError
-from gateway.relay import StreamResult
+from gateway.relay import IdleWatch, StreamResult
 from gateway.wire import WireError, WireResponse
 
 SSE_SEPARATOR = b"\n\n"
@@ -129,45 +129,54 @@ async def relay_frames(
 ) -> StreamResult:
     """Relay frames ending in `separator` until the stream's last frame, an error or EOF."""
     result = StreamResult()
-    while True:
-        try:
-            async with asyncio.timeout(idle_timeout):
+    watch = IdleWatch(idle_timeout)  # one timer per stream: an `asyncio.timeout` per frame cost 7.5 us
+    loop_time = asyncio.get_running_loop().time
+    try:
+        while True:
+            watch.reading_since = loop_time()
+            try:
                 frame = await resp.readuntil(separator)
-        except TimeoutError:
-            result.error_kind = "idle_timeout"
-            break
-        except ValueError:
-            result.error_kind = "malformed_event"
-            break
-        except (WireError, ConnectionError):
-            result.error_kind = "disconnected"
-            break
-        if not frame.endswith(separator):
-            result.error_kind = "truncated"
-            break
-        kind, usage = inspect(frame)
-        if kind is Frame.MALFORMED:
-            result.error_kind = "malformed_event"
-            break
-        if kind is Frame.TOKENS:
-            now = time.monotonic()
-            first = result.first_token_at is None
-            if first:
-                result.first_token_at = now
-            else:
-                on_gap(now - result.last_token_at)  # type: ignore[operator]
-            on_token(now, first)
-            result.last_token_at = now
-            result.token_chunks += 1
-        elif kind is Frame.ERROR:
-            result.error_kind = "stream_error"
-        elif kind in (Frame.END, Frame.FAILED_END):
-            result.usage = usage
-            if kind is Frame.FAILED_END:
+            except asyncio.CancelledError:
+                if not watch.timed_out():
+                    raise
+                result.error_kind = "idle_timeout"
+                break
+            except ValueError:
+                result.error_kind = "malformed_event"
+                break
+            except (WireError, ConnectionError):
+                result.error_kind = "disconnected"
+                break
+            finally:
+                watch.reading_since = None
+            if not frame.endswith(separator):
+                result.error_kind = "truncated"
+                break
+            kind, usage = inspect(frame)
+            if kind is Frame.MALFORMED:
+                result.error_kind = "malformed_event"
+                break
+            if kind is Frame.TOKENS:
+                now = time.monotonic()
+                first = result.first_token_at is None
+                if first:
+                    result.first_token_at = now
+                else:
+                    on_gap(now - result.last_token_at)  # type: ignore[operator]
+                on_token(now, first)
+                result.last_token_at = now
+                result.token_chunks += 1
+            elif kind is Frame.ERROR:
                 result.error_kind = "stream_error"
+            elif kind in (Frame.END, Frame.FAILED_END):
+                result.usage = usage
+                if kind is Frame.FAILED_END:
+                    result.error_kind = "stream_error"
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                return result
             await send({"type": "http.response.body", "body": frame, "more_body": True})
-            return result
-        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    finally:
+        watch.close()
     failure = OpenAIError(502, f"upstream stream failed: {result.error_kind}", code=result.error_kind)
     await send({"type": "http.response.body", "body": on_error(failure), "more_body": True})
     return result

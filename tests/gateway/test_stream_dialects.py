@@ -28,7 +28,7 @@ ITEM_DONE = typed("response.output_item.done", item={"id": "msg_1"})
 COMPLETED = typed("response.completed", response={"id": "resp_1", "usage": {"input_tokens": 7, "output_tokens": 2}})
 
 
-async def run(relay: Any, resp: WireResponse) -> tuple[bytes, StreamResult, int]:
+async def run(relay: Any, resp: WireResponse, idle: float = 5.0) -> tuple[bytes, StreamResult, int]:
     sent: list[bytes] = []
     tokens = 0
 
@@ -39,7 +39,7 @@ async def run(relay: Any, resp: WireResponse) -> tuple[bytes, StreamResult, int]
         nonlocal tokens
         tokens += 1
 
-    result = await relay(resp, send, strip_usage=False, idle_timeout=5.0, on_token=on_token, on_gap=lambda gap: None)
+    result = await relay(resp, send, strip_usage=False, idle_timeout=idle, on_token=on_token, on_gap=lambda gap: None)
     resp.close()
     return b"".join(sent), result, tokens
 
@@ -80,6 +80,15 @@ async def test_ollama_garbage_ends_the_stream_with_an_ollama_error_line(upstream
     out, result, _ = await run(OLLAMA.relay, await upstream([text, b"{not json\n", text]))
     assert result.error_kind == "malformed_event"
     assert out.startswith(text) and orjson.loads(out[len(text) :])["error"].endswith("malformed_event")
+
+
+@pytest.mark.parametrize("dialect", ["responses", "ollama"])
+async def test_a_silent_upstream_hits_the_idle_timeout_once_and_the_client_is_told(upstream, dialect: str) -> None:  # type: ignore[no-untyped-def]
+    relay, first = (RESPONSES.relay, CREATED) if dialect == "responses" else (OLLAMA.relay, line(model="m", response=" a", done=False))
+    # Returning at all: the watch's cancel of the relaying task was taken back, not propagated.
+    out, result, _ = await asyncio.wait_for(run(relay, await upstream([first, first], hang=True), idle=0.2), 5)
+    assert result.error_kind == "idle_timeout"
+    assert out.startswith(first * 2) and b"idle_timeout" in out[len(first) * 2 :]
 
 
 def test_response_homes_forget_the_least_recently_used_beyond_capacity() -> None:
