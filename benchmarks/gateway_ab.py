@@ -7,12 +7,16 @@ round each checkout's gateway in turn (run from its own tree with its own `.venv
 req/s at C=64 and the 256-stream chunk lag p99.
 
     python benchmarks/gateway_ab.py --before /work/main --after . --rounds 2 [--workers 2]
+
+The same code in two checkouts whose `.venv`s come from two Python builds compares the builds.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +52,27 @@ def _measure_tree(label: str, tree: Path, config: Path, log: Path, seconds: floa
         gateway.stop_blocking(grace=10)
 
 
+def _interpreter(tree: Path) -> str:
+    """The Python of `tree`'s `.venv`, as `benchmarks.output.interpreter` names it."""
+    out = subprocess.run([str(tree / ".venv/bin/python"), str(Path(__file__).with_name("output.py"))],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def _row(name: str, m: Measured) -> str:
+    return (f"| {name} | {(m.cpu_per_request or 0) * 1e6:.0f} | {(m.cpu_per_chunk or 0) * 1e6:.1f} "
+            f"| {m.rps:,.0f} | {m.lag_p99 * 1e3:.1f} | {m.errors} |")
+
+
+def _medians(label: str, runs: list[Measured]) -> str:
+    def mid(values: list[float | None]) -> float:
+        return statistics.median(v or 0.0 for v in values)
+
+    return (f"| **{label}, median** | {mid([m.cpu_per_request for m in runs]) * 1e6:.0f} "
+            f"| {mid([m.cpu_per_chunk for m in runs]) * 1e6:.1f} | {mid([m.rps for m in runs]):,.0f} "
+            f"| {mid([m.lag_p99 for m in runs]) * 1e3:.1f} | {sum(m.errors for m in runs)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="checkout of the code before (with its .venv)")
@@ -58,10 +83,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    lines = [
+    lines = [f"- {label}: {tree}, {_interpreter(tree)}" for label, tree in trees.items()]
+    lines += [
+        "",
         "| | CPU per request (µs) | CPU per chunk (µs) | req/s C=64 | chunk lag p99, 256 streams (ms) | errors |",
         "|---|---|---|---|---|---|",
     ]
+    runs: dict[str, list[Measured]] = {label: [] for label in trees}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         script = tmp / "post.lua"
@@ -80,13 +108,12 @@ def main() -> None:
             for round_ in range(1, args.rounds + 1):
                 for label, tree in trees.items():
                     m = _measure_tree(label, tree, config, tmp / f"{label}-{round_}.log", args.seconds, script)
-                    lines.append(
-                        f"| {label}, round {round_} | {(m.cpu_per_request or 0) * 1e6:.0f} | {(m.cpu_per_chunk or 0) * 1e6:.1f} "
-                        f"| {m.rps:,.0f} | {m.lag_p99 * 1e3:.1f} | {m.errors} |"
-                    )
+                    runs[label].append(m)
+                    lines.append(_row(f"{label}, round {round_}", m))
                     print(lines[-1], file=sys.stderr, flush=True)
         finally:
             source.stop_blocking(grace=10)
+    lines += [_medians(label, measured) for label, measured in runs.items()]
     publish("\n".join(lines) + "\n", args.out)
 
 

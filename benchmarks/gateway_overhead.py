@@ -44,7 +44,7 @@ import uvloop
 from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready_blocking
 from backends.testbed import start_gateway
-from benchmarks.output import publish
+from benchmarks.output import interpreter, publish
 
 NGINX, SMG = "nginx (C, 1 worker process)", "SMG (Rust, round_robin)"
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
@@ -276,6 +276,8 @@ def report(rounds: list[list[Measured]], args: argparse.Namespace, cores: int) -
         "",
         f"Command: `python benchmarks/{Path(__file__).name} --seconds {args.seconds:g} --step {args.step:g}"
         + (f" --rounds {len(rounds)}`" if many else "`"),
+        "",
+        f"Python (specgate, the upstream and the streaming client): {interpreter()}.",
         "",
         f"Upstream: benchmarks/sse_source.py (aiohttp, one process) answering non-streamed requests at once and "
         f"streaming a chunk every {args.step * 1e3:g} ms to all open streams in lockstep. Non-streamed: wrk, "

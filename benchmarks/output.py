@@ -1,7 +1,10 @@
-"""Where a benchmark's markdown report goes: always to stdout, and to `--out` when given."""
+"""Where a benchmark's markdown report goes (stdout, and `--out` when given), and what ran it."""
 
 from __future__ import annotations
 
+import os
+import platform
+import sys
 from pathlib import Path
 
 import click
@@ -13,3 +16,20 @@ def publish(text: str, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
+
+
+def interpreter() -> str:
+    """This process's Python, as a report names it: version, the binary behind the venv, how libpython is linked.
+
+    The build matters to every number a Python process measures: on this machine pyenv's default build
+    (shared libpython, no PGO or LTO) spends about a third more per relayed chunk in the relay's own code
+    than Debian's packaged python3.11 (static, PGO and LTO) (docs/benchmarks/relay-cost.md).
+    """
+    with open("/proc/self/maps") as maps:
+        shared = any("libpython" in line for line in maps)
+    linked = "shared libpython" if shared else "static libpython"
+    return f"{platform.python_implementation()} {platform.python_version()}, {os.path.realpath(sys.executable)}, {linked}"
+
+
+if __name__ == "__main__":  # benchmarks/gateway_ab.py asks each checkout's venv this way
+    print(interpreter())

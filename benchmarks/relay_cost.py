@@ -5,18 +5,24 @@ is a stand-in) and `gateway.relay.relay_stream` relays it to a stand-in client: 
 cycle as the body writer sees it, with a transport that drops what it is given. Pulled: each chunk
 is fed, then the event loop runs the relay task until the chunk is sent (a task wake-up and an
 awaited `send` per event). Pushed: the chunk is relayed inside `data_received` and written with the
-`BodyWriter`. The socket calls a real relay adds (a read and a write per chunk, and the event
+`BodyWriter`. Each token chunk gets the proxy's bookkeeping (a pool slot's `mark_token`, the
+inter-token gap's bucket). The socket calls a real relay adds (a read and a write per chunk, and the event
 loop's poll) are not here: this is the interpreter's share, which does not drift with the machine's
 load the way the end-to-end numbers of `benchmarks/gateway_overhead.py` do. Best of `--repeat`.
 
-    python -m benchmarks.relay_cost --out docs/benchmarks/relay-cost.md
+`--python` adds interpreters (each with specgate's dependencies installed, run from this checkout):
+every one runs the same measurement in its own process, alternating run by run, so builds of
+Python compare side by side.
+
+    python -m benchmarks.relay_cost --python .venv-system/bin/python --out docs/benchmarks/relay-cost.md
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,9 +31,10 @@ import orjson
 import uvloop
 from prometheus_client import CollectorRegistry, Histogram
 
-from benchmarks.output import publish
+from benchmarks.output import interpreter, publish
 from gateway.body_writer import BodyWriter
 from gateway.metrics import GapBuffer
+from gateway.pool import Backend, Pool
 from gateway.relay import relay_stream
 from gateway.wire import Connection, WireResponse
 
@@ -92,9 +99,10 @@ async def _per_chunk(push: bool, chunks: int, itl: Histogram) -> float:
     conn.data_received(_HEAD)
     cycle = _Cycle()
     gaps = GapBuffer(itl)
+    slot = Pool([Backend("plain", "http://127.0.0.1:1", speculative=False)]).acquire("plain")  # the proxy's bookkeeping
     relay = asyncio.create_task(relay_stream(
-        resp, cycle.send, strip_usage=True, idle_timeout=600.0, on_token=lambda now, first: None, on_gap=gaps.observe,
-        writer=BodyWriter(cycle) if push else None,
+        resp, cycle.send, strip_usage=True, idle_timeout=600.0, on_first=lambda now: None, on_token=slot.mark_token,
+        on_gap=gaps.observe, writer=BodyWriter(cycle) if push else None,
     ))
     await asyncio.sleep(0)  # the relay starts waiting for the first event
     piece = _chunked(CHUNK)
@@ -119,26 +127,51 @@ async def _run(chunks: int, repeat: int) -> dict[str, float]:
     return best
 
 
+def _child(python: str, chunks: int) -> dict[str, float | str]:
+    """One run of the measurement in `python`'s own process, from this checkout."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([python, "-m", "benchmarks.relay_cost", "--child", "--chunks", str(chunks)],
+                         cwd=root, check=True, capture_output=True)
+    return orjson.loads(out.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunks", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--python", action="append", default=[], help="another interpreter to measure (repeatable)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one run, JSON on stdout
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    best = uvloop.run(_run(args.chunks, args.repeat))
+    if args.child:
+        best = uvloop.run(_run(args.chunks, 1))
+        sys.stdout.write(orjson.dumps({**best, "interpreter": interpreter()}).decode())
+        return
+    pythons = [sys.executable, *args.python]
+    runs: dict[str, list[dict[str, float | str]]] = {python: [] for python in pythons}
+    for _ in range(args.repeat):  # alternating, so every interpreter sees the same machine
+        for python in pythons:
+            runs[python].append(_child(python, args.chunks))
+    extra = "".join(f" --python {python}" for python in args.python)
     lines = [
         "# The streaming relay's own CPU per chunk, without sockets",
         "",
-        f"Command: `python -m benchmarks.relay_cost --chunks {args.chunks} --repeat {args.repeat}` "
-        f"(Python {platform.python_version()}, uvloop). A {len(CHUNK)}-byte SGLang chat chunk per read, relayed to a "
-        "client whose socket drops the bytes; best of the runs. The socket calls every proxy pays per chunk (read, "
-        "write, poll) are not included.",
+        f"Command: `python -m benchmarks.relay_cost --chunks {args.chunks} --repeat {args.repeat}{extra}` (uvloop). "
+        f"A {len(CHUNK)}-byte SGLang chat chunk per read, relayed to a client whose socket drops the bytes; best of "
+        "the runs, each interpreter in its own process, alternating. The socket calls every proxy pays per chunk "
+        "(read, write, poll) are not included.",
         "",
-        "| relay | µs per chunk | |",
-        "|---|---|---|",
+        "| interpreter | relay | µs per chunk | against pulled | against the first interpreter |",
+        "|---|---|---|---|---|",
     ]
-    for name, seconds in best.items():
-        lines.append(f"| {name} | {seconds * 1e6:.2f} | {seconds / best['pulled']:.2f}x |")
+    first: dict[str, float] = {}
+    for python in pythons:
+        for name in ("pulled", "pushed"):
+            seconds = min(float(run[name]) for run in runs[python])
+            first.setdefault(name, seconds)
+            pulled = min(float(run["pulled"]) for run in runs[python])
+            lines.append(f"| {runs[python][0]['interpreter']} | {name} | {seconds * 1e6:.2f} | {seconds / pulled:.2f}x "
+                         f"| {seconds / first[name]:.2f}x |")
     publish("\n".join(lines) + "\n", args.out)
 
 

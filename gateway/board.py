@@ -90,8 +90,8 @@ class LoadBoard:
         return self._rows_at + (worker * self.spec.backends + backend) * _FIELDS + field
 
     def write(self, backend: int, field: int, value: float) -> None:
-        """Set this worker's `field` for `backend`."""
-        self._cells[self._cell(self.worker, backend, field)] = value
+        """Set this worker's `field` for `backend` (`_cell` inline: this is on the per-chunk path)."""
+        self._cells[self._rows_at + (self.worker * self.spec.backends + backend) * _FIELDS + field] = value
 
     def total(self, backend: int, field: int) -> float:
         """`field` of `backend` summed over every worker."""

@@ -60,10 +60,14 @@ class BodyWriter:
         if callback is not None:
             callback()
 
-    def write(self, body: bytes) -> None:
-        """Send one chunk; a client that has left is not written to, as `send` does."""
+    def write(self, body: bytes) -> bool:
+        """Send one chunk; a client that has left is not written to, as `send` does.
+
+        Returns `paused` after the write (the relay asks once per chunk: a property call less).
+        """
         if body and not self._transport.is_closing():  # an empty chunk would end the response
             self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return bool(self._flow.write_paused)
 
     @property
     def paused(self) -> bool:

@@ -316,11 +316,9 @@ class ProxyResponse(Response):
         backend = slot.backend
         gaps = GapBuffer(rt.metrics.itl.labels(backend.name))  # ITL, added to the histogram once per stream
 
-        def on_token(now: float, first: bool) -> None:
-            slot.mark_token(now)
-            if first:
-                rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
-                rt.metrics.tier_ttft.labels(job.tier).observe(now - job.arrived_at)
+        def on_first(now: float) -> None:
+            rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
+            rt.metrics.tier_ttft.labels(job.tier).observe(now - job.arrived_at)
 
         await send(
             {
@@ -342,7 +340,8 @@ class ProxyResponse(Response):
                 send,
                 strip_usage=not job.client_wants_usage,
                 idle_timeout=rt.settings.timeouts.idle,
-                on_token=on_token,
+                on_first=on_first,
+                on_token=slot.mark_token,
                 on_gap=gaps.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
                 writer=self._writer,
                 **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),

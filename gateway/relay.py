@@ -135,12 +135,13 @@ class IdleWatch:
 class _Events:
     """One stream's events, one at a time: what to send for each, and what the stream told so far."""
 
-    __slots__ = ("result", "ended", "failed", "_strip_usage", "_on_token", "_on_gap", "_read", "_by_bytes", "_annotate")
+    __slots__ = ("result", "ended", "failed", "_strip_usage", "_on_first", "_on_token", "_on_gap", "_read", "_by_bytes", "_annotate")
 
     def __init__(
         self,
         strip_usage: bool,
-        on_token: Callable[[float, bool], None],
+        on_first: Callable[[float], None],
+        on_token: Callable[[float], None],
         on_gap: Callable[[float], None],
         read: ChunkReader,
         annotate: Callable[[bytes], bytes] | None,
@@ -149,6 +150,7 @@ class _Events:
         self.ended = False  # [DONE] came, or the stream failed
         self.failed = False  # ended without [DONE]: the client gets an error event (result.error_kind)
         self._strip_usage = strip_usage
+        self._on_first = on_first
         self._on_token = on_token
         self._on_gap = on_gap
         self._read = read
@@ -192,10 +194,10 @@ class _Events:
             now = time.monotonic()
             if result.first_token_at is None:
                 result.first_token_at = now
-                self._on_token(now, True)
+                self._on_first(now)
             else:
                 self._on_gap(now - result.last_token_at)  # type: ignore[operator]
-                self._on_token(now, False)
+            self._on_token(now)
             result.last_token_at = now
             result.token_chunks += 1
         return event if self._annotate is None else self._annotate(event)
@@ -207,7 +209,8 @@ async def relay_stream(
     *,
     strip_usage: bool,
     idle_timeout: float,
-    on_token: Callable[[float, bool], None],
+    on_first: Callable[[float], None],
+    on_token: Callable[[float], None],
     on_gap: Callable[[float], None],
     read: ChunkReader = read_openai_chunk,
     annotate: Callable[[bytes], bytes] | None = None,
@@ -217,14 +220,16 @@ async def relay_stream(
 
     Ends the client's stream cleanly in every case: an upstream failure becomes one SSE error
     event followed by [DONE], never a hang or a silent truncation. Does not send the final empty
-    body message; the caller does, after its bookkeeping. `on_token(now, first)` is called for each
-    event that carries generated tokens, `on_gap(seconds)` with the time since the previous one;
+    body message; the caller does, after its bookkeeping. `on_token(now)` is called for each event
+    that carries generated tokens, `on_first(now)` before it for the first, `on_gap(seconds)` with
+    the time since the previous one for the others (separate callables, so a caller can pass its
+    bookkeeping's own methods: a call less per chunk than a closure that forwards);
     `annotate`, when given, rewrites each chunk event before it is sent (the service tier's echo).
     `read` tells an event's usage so far and whether it carries tokens (the API's chunk format).
     With a `writer` (the server's, for this request) events are relayed as they are read, in the
     upstream connection's read callback, and written with it instead of `send`.
     """
-    events = _Events(strip_usage, on_token, on_gap, read, annotate)
+    events = _Events(strip_usage, on_first, on_token, on_gap, read, annotate)
     watch = IdleWatch(idle_timeout)
     try:
         if writer is None:
@@ -322,13 +327,14 @@ class _Push:
             data = self._rest + data
         events, write = self._events, self._write
         start = 0
+        paused: bool | None = None  # as the last write left the client's buffer; None: nothing written
         try:
             while (at := data.find(_SEPARATOR, start)) >= 0:
                 end = at + 2
                 out = events.take(data[start:end])
                 start = end
                 if out is not None:
-                    write(out)
+                    paused = write(out)
                 if events.ended:
                     self._stop()
                     return
@@ -340,7 +346,7 @@ class _Push:
         if len(self._rest) > MAX_FRAME:  # one event larger than the read buffer: not something SGLang sends
             events.fail("malformed_event")
             self._stop()
-        elif self._writer.paused:
+        elif self._writer.paused if paused is None else paused:
             self._resp.pause()
             self._watch.reading_since = None  # a slow client is no upstream silence
             self._wake()

@@ -124,7 +124,8 @@ async def relay_frames(
     inspect: Inspect,
     on_error: Callable[[OpenAIError], bytes],
     idle_timeout: float,
-    on_token: Callable[[float, bool], None],
+    on_first: Callable[[float], None],
+    on_token: Callable[[float], None],
     on_gap: Callable[[float], None],
 ) -> StreamResult:
     """Relay frames ending in `separator` until the stream's last frame, an error or EOF."""
@@ -158,12 +159,12 @@ async def relay_frames(
                 break
             if kind is Frame.TOKENS:
                 now = time.monotonic()
-                first = result.first_token_at is None
-                if first:
+                if result.first_token_at is None:
                     result.first_token_at = now
+                    on_first(now)
                 else:
                     on_gap(now - result.last_token_at)  # type: ignore[operator]
-                on_token(now, first)
+                on_token(now)
                 result.last_token_at = now
                 result.token_chunks += 1
             elif kind is Frame.ERROR:

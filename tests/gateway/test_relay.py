@@ -81,13 +81,14 @@ async def run_relay(
     gaps: list[float] = []
     firsts = 0
 
-    def on_token(now: float, first: bool) -> None:
+    def on_first(now: float) -> None:
         nonlocal firsts
-        firsts += first
+        firsts += 1
 
     writer = BodyWriter(cycle) if push else None
     result = await relay_stream(
-        resp, cycle.send, strip_usage=strip_usage, idle_timeout=idle, on_token=on_token, on_gap=gaps.append, writer=writer
+        resp, cycle.send, strip_usage=strip_usage, idle_timeout=idle, on_first=on_first, on_token=lambda now: None,
+        on_gap=gaps.append, writer=writer,
     )
     resp.close()
     return b"".join(cycle.sent), result, gaps, firsts
@@ -151,14 +152,14 @@ async def test_silent_upstream_hits_the_idle_timeout(upstream, push: bool) -> No
 
 async def test_an_exception_while_relaying_is_raised_in_the_request_task(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
     # Pushed, it happens in the socket's read callback: it must not pass for an upstream failure.
-    def on_token(now: float, first: bool) -> None:
+    def on_token(now: float) -> None:
         raise RuntimeError("bookkeeping failed")
 
     cycle = Cycle()
     resp = await upstream([chunk("a"), DONE])
     with pytest.raises(RuntimeError, match="bookkeeping failed"):
         await relay_stream(
-            resp, cycle.send, strip_usage=True, idle_timeout=5.0, on_token=on_token, on_gap=lambda gap: None,
+            resp, cycle.send, strip_usage=True, idle_timeout=5.0, on_first=lambda now: None, on_token=on_token, on_gap=lambda gap: None,
             writer=BodyWriter(cycle) if push else None,
         )
     resp.close()

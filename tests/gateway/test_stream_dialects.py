@@ -35,11 +35,12 @@ async def run(relay: Any, resp: WireResponse, idle: float = 5.0) -> tuple[bytes,
     async def send(message: dict[str, Any]) -> None:
         sent.append(message["body"])
 
-    def on_token(now: float, first: bool) -> None:
+    def on_token(now: float) -> None:
         nonlocal tokens
         tokens += 1
 
-    result = await relay(resp, send, strip_usage=False, idle_timeout=idle, on_token=on_token, on_gap=lambda gap: None)
+    result = await relay(resp, send, strip_usage=False, idle_timeout=idle, on_first=lambda now: None, on_token=on_token,
+                         on_gap=lambda gap: None)
     resp.close()
     return b"".join(sent), result, tokens
 
