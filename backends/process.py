@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,11 +39,47 @@ class ProcessExited(RuntimeError):
     """A child process ended while it was still needed; the message ends with its last output."""
 
 
+# Ports below the kernel's ephemeral range: no outgoing connection takes one as its source port.
+_LOWEST_PORT = 10_000
+_handed_out: set[int] = set()
+_rng = random.SystemRandom()  # not the shared generator: a seeded one would give every process the same ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
+
+
+def _bindable(port: int) -> int | None:
+    """`port` if a listener could bind it on 127.0.0.1 now (0: the kernel's pick), else None."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
+            return int(sock.getsockname()[1])
+    except OSError:
+        return None
+
+
 def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free right now and that this process has not handed out before.
+
+    Picked below the kernel's ephemeral range where it leaves room: a port the kernel picks for a
+    bind to port 0 is an ephemeral one, which any connection on the host (the gateway's own, to a
+    server on 127.0.0.1) may take as its source port before the listener binds it, and the kernel
+    may pick the same port twice in a row (a CI run lost a container's published port to one of these).
+    """
+    low, _ = _ephemeral_range()
+    room = low - _LOWEST_PORT >= 1_000
+    for _ in range(100):
+        # Without room below the range (a tuned host), the kernel's pick, checked against the ones handed out.
+        port = _bindable(_rng.randrange(_LOWEST_PORT, low)) if room else _bindable(0)
+        if port is not None and port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise OSError("found no free TCP port on 127.0.0.1")
 
 
 def run_blocking(work: Coroutine[Any, Any, T]) -> T:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+import backends.process
 from backends.process import Child, ProcessExited, descendants, free_loopback_port
 from backends.readiness import wait_ready, wait_until_ready
 
@@ -93,3 +95,31 @@ async def test_waiting_for_ready_returns_once_the_server_answers(tmp_path: Path)
         assert child.running
     finally:
         assert await child.stop(grace=10) == 0
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    low, _ = backends.process._ephemeral_range()
+    ports = [free_loopback_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(10_000 <= port < low for port in ports)
+    for port in ports[:20]:  # each one free for a listener
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_or_handed_out_is_not_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    given = free_loopback_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(backends.process, "_ephemeral_range", lambda: (60_000, 60_999))
+        candidates = iter([busy, given, given + 1 if given + 1 != busy else given + 2])
+        monkeypatch.setattr(backends.process._rng, "randrange", lambda lo, hi: next(candidates))
+        assert free_loopback_port() not in (busy, given)
+
+
+def test_without_room_below_the_range_the_kernel_picks_and_no_port_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backends.process, "_ephemeral_range", lambda: (10_500, 60_999))
+    ports = [free_loopback_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
