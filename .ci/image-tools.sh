@@ -6,9 +6,10 @@
 #
 # No image registry is reachable here, so the Dockerfile's PYTHON_IMAGE (python:3.12-slim-trixie)
 # cannot be pulled. Its stand-in is made from Debian packages: mmdebstrap builds a minimal Debian
-# trixie root file system with Python 3.13, pip and venv (about 25 s on an idle machine, 80 s on a
-# busy one; a 184 MB tar), and `podman import` turns it into an image. The tar is kept under
-# ~/.cache/specgate and reused for a week; delete it to rebuild sooner.
+# trixie root file system with Python 3.13, pip, venv and Python's headers, as the official image
+# has them (about 30 s on an idle machine, 80 s on a busy one; a 250 MB tar), and `podman import`
+# turns it into an image. The tar is kept under ~/.cache/specgate, named for its package list, and
+# reused for a week; delete it to rebuild sooner.
 #
 # Podman's setup on these machines (Debian 12, run as root):
 #   - rootful podman with the overlay storage driver and netavark networking. netavark needs iptables
@@ -23,7 +24,8 @@ set -euo pipefail
 
 tag=${SPECGATE_IMAGE_BASE:-localhost/specgate-python:trixie}
 cache=${SPECGATE_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specgate}
-tar="$cache/python-base-trixie.tar"
+include=python3,python3-venv,python3-pip,python3-dev,python-is-python3,ca-certificates
+tar="$cache/python-base-trixie-$(printf '%s' "$include" | sha256sum | cut -c1-12).tar"
 # netavark + iptables: published ports; aardvark-dns: service names on compose networks; catatonit:
 # podman's init. uidmap, slirp4netns and fuse-overlayfs serve rootless podman (the checks run as root).
 packages=(podman runc mmdebstrap netavark aardvark-dns iptables catatonit uidmap slirp4netns fuse-overlayfs)
@@ -45,7 +47,7 @@ if [[ ! -s $tar ]] || [[ -z $(find "$tar" -mtime -7) ]]; then
     started=$SECONDS
     rm -f "$tar.partial"
     mmdebstrap --quiet --format=tar --variant=minbase \
-        --include=python3,python3-venv,python3-pip,python-is-python3,ca-certificates \
+        --include="$include" \
         trixie "$tar.partial"
     mv "$tar.partial" "$tar"
     podman rmi --ignore "$tag" >/dev/null

@@ -30,14 +30,16 @@ class BodyWriter:
     the last, empty body message still goes through `send`, which completes the response.
     """
 
-    __slots__ = ("_cycle", "_transport", "_flow", "_on_gone")
+    __slots__ = ("_cycle", "transport", "flow", "_on_gone")
 
     def __init__(self, cycle: Any) -> None:  # uvicorn's RequestResponseCycle (httptools)
         # The cycle holds the scope, which holds this writer: a strong reference back made every
         # request's cycle garbage only the collector frees, ~10% of the gateway's CPU per request.
         self._cycle = weakref.ref(cycle)
-        self._transport = cycle.transport  # the connection's: it outlives the request
-        self._flow = cycle.flow
+        # The connection's transport and flow control (they outlive the request), public for the
+        # relay's C sink (gateway/_sse.c), which writes as `write` does.
+        self.transport = cycle.transport
+        self.flow = cycle.flow
         self._on_gone: Callable[[], None] | None = None
 
     def serves(self, send: Send) -> bool:
@@ -65,9 +67,9 @@ class BodyWriter:
 
         Returns `paused` after the write (the relay asks once per chunk: a property call less).
         """
-        if body and not self._transport.is_closing():  # an empty chunk would end the response
-            self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-        return bool(self._flow.write_paused)
+        if body and not self.transport.is_closing():  # an empty chunk would end the response
+            self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return bool(self.flow.write_paused)
 
     @property
     def paused(self) -> bool:
@@ -75,11 +77,11 @@ class BodyWriter:
 
         uvicorn resumes writing when the client leaves, so a gone client never reads as paused.
         """
-        return bool(self._flow.write_paused)
+        return bool(self.flow.write_paused)
 
     async def drain(self) -> None:
         """Wait until the client can take more (returns at once when it has left)."""
-        await self._flow.drain()
+        await self.flow.drain()
 
 
 def offer(scope: Scope, cycle: Any) -> None:

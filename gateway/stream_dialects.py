@@ -22,7 +22,8 @@ import orjson
 from starlette.types import Send
 
 from gateway.errors import OpenAIError
-from gateway.relay import IdleWatch, StreamResult
+from gateway.idle_watch import IdleWatch
+from gateway.relay import StreamResult
 from gateway.wire import WireError, WireResponse
 
 SSE_SEPARATOR = b"\n\n"

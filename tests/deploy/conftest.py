@@ -19,7 +19,7 @@ def repo() -> Path:
 def deploy_copy(tmp_path: Path) -> Path:
     """deploy/ plus the files the image build reads, copied to a tmp dir where a test may break them."""
     shutil.copytree(REPO / "deploy", tmp_path / "deploy")
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md"):
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "hatch_build.py"):
         shutil.copy(REPO / name, tmp_path / name)
     for package in ("specgate", "gateway", "backends", "loadtest", "tokencount"):
         (tmp_path / package).mkdir()

@@ -8,12 +8,27 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import metrics
 from gateway.metrics import GapBuffer
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.1, 1)
 
 
-def test_a_gap_buffer_flushes_what_observing_each_gap_would_have_recorded() -> None:
+@pytest.fixture(params=["C", "Python"])
+def counts_in(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """GapBuffer counting with gateway._sse.GapCounts, and as a build without the C extension does."""
+    if request.param == "Python":
+        monkeypatch.setattr(metrics, "GapCounts", None)
+    return str(request.param)
+
+
+def test_a_gap_buffer_counts_in_c_when_the_extension_is_built() -> None:
+    assert metrics.GapCounts is not None  # CI builds it
+    series = Histogram("itl", "x", buckets=BUCKETS, registry=CollectorRegistry())
+    assert isinstance(GapBuffer(series).observe.__self__, metrics.GapCounts)  # a C call per gap, no Python frame
+
+
+def test_a_gap_buffer_flushes_what_observing_each_gap_would_have_recorded(counts_in: str) -> None:
     gaps = [random.Random(5).choice((0.0, 0.001, 0.0011, 0.02, 0.5, 1.0, 7.0)) for _ in range(200)]
     gaps += [random.Random(i).uniform(0, 2) for i in range(200)]
     direct, buffered = CollectorRegistry(), CollectorRegistry()

@@ -1,8 +1,9 @@
 """The SSE relay against a scripted upstream: bytes pass through untouched, failures end cleanly.
 
-Every test runs both ways the relay can run: pulling events in the request's task and awaiting
+Every test runs every way the relay can run: pulling events in the request's task and awaiting
 `send` for each, and pushed from the upstream connection's read callback through the server's
-body writer (`gateway/body_writer.py`), here on a stand-in for uvicorn's request cycle.
+body writer (`gateway/body_writer.py`), here on a stand-in for uvicorn's request cycle; pushed
+both with the per-read check in C (`gateway/_sse.c`) and as a build without it runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway import relay
 from gateway.body_writer import EXTENSION, BodyWriter, body_writer
 from gateway.relay import DONE, relay_stream
 from gateway.wire import MAX_FRAME, Connection, WireResponse
@@ -56,9 +58,11 @@ class Cycle:
         self.sent.append(message["body"])
 
 
-@pytest.fixture(params=["pull", "push"])
-def push(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param == "push")
+@pytest.fixture(params=["pull", "push", "push without C"])
+def push(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    if request.param == "push without C":
+        monkeypatch.setattr(relay, "TokenSink", None)
+    return bool(request.param != "pull")
 
 
 def event(obj: Any) -> bytes:
@@ -200,7 +204,7 @@ async def test_a_client_that_cannot_keep_up_pauses_upstream_reading_without_an_i
     async with asyncio.timeout(5):
         while not socket.paused:
             await asyncio.sleep(0.01)
-    assert cycle.sent == [chunk("a"), chunk("b")]  # what was read is written; nothing more is read
+    assert b"".join(cycle.sent) == chunk("a") + chunk("b")  # what was read is written; nothing more is read
     await asyncio.sleep(0.2)  # 4x the idle timeout: waiting on the client is no upstream silence
     assert not relay.done()
     cycle.flow.write_paused = False
@@ -212,6 +216,27 @@ async def test_a_client_that_cannot_keep_up_pauses_upstream_reading_without_an_i
     out, result, _, _ = await relay
     assert out == chunk("a") + chunk("b") + chunk("c") + DONE
     assert result.error_kind is None and result.token_chunks == 3
+
+
+async def test_a_read_of_whole_token_chunks_is_written_at_once() -> None:
+    # The C check passes a read of plain token chunks on whole; anything else goes event by event.
+    conn = Connection(lambda c: None, lambda c, was: None)
+    conn.connection_made(Transport())  # type: ignore[arg-type]
+    resp = WireResponse(conn)
+    conn.send(b"", resp)
+    conn.data_received(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(ROLE))
+    cycle = Cycle()
+    relay = asyncio.create_task(run_relay(resp, push=True, strip_usage=True, cycle=cycle))
+    async with asyncio.timeout(5):
+        while not cycle.sent:
+            await asyncio.sleep(0.01)
+    for part in (chunk("a") + chunk("b") + chunk("c"), chunk("d") + FINISH, DONE):
+        conn.data_received(chunked(part))
+    conn.data_received(b"0\r\n\r\n")
+    out, result, gaps, firsts = await relay
+    assert out == ROLE + chunk("a") + chunk("b") + chunk("c") + chunk("d") + FINISH + DONE
+    assert cycle.sent == [ROLE, chunk("a") + chunk("b") + chunk("c"), chunk("d"), FINISH, DONE]
+    assert result.token_chunks == 4 and firsts == 1 and len(gaps) == 3
 
 
 def test_the_body_writer_is_used_only_with_the_servers_own_send() -> None:
