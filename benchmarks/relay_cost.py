@@ -5,10 +5,12 @@ is a stand-in) and `gateway.relay.relay_stream` relays it to a stand-in client: 
 cycle as the body writer sees it, with a transport that drops what it is given. Pulled: each chunk
 is fed, then the event loop runs the relay task until the chunk is sent (a task wake-up and an
 awaited `send` per event). Pushed: the chunk is relayed inside `data_received` and written with the
-`BodyWriter`. Each token chunk gets the proxy's bookkeeping (a pool slot's `mark_token`, the
-inter-token gap's bucket). The socket calls a real relay adds (a read and a write per chunk, and the event
-loop's poll) are not here: this is the interpreter's share, which does not drift with the machine's
-load the way the end-to-end numbers of `benchmarks/gateway_overhead.py` do. Best of `--repeat`.
+`BodyWriter`, whole token chunks by the C extension's `TokenSink` where it is built; "pushed, Python
+rule" is the same relay with the extension set aside (what a build without a C compiler runs). Each
+token chunk gets the proxy's bookkeeping (a pool slot's `mark_token`, the inter-token gap's bucket).
+The socket calls a real relay adds (a read and a write per chunk, and the event loop's poll) are
+not here: this is the interpreter's share, which does not drift with the machine's load the way the
+end-to-end numbers of `benchmarks/gateway_overhead.py` do. Best of `--repeat`.
 
 `--python` adds interpreters (each with specgate's dependencies installed, run from this checkout):
 every one runs the same measurement in its own process, alternating run by run, so builds of
@@ -35,7 +37,7 @@ from benchmarks.output import interpreter, publish
 from gateway.body_writer import BodyWriter
 from gateway.metrics import GapBuffer
 from gateway.pool import Backend, Pool
-from gateway.relay import relay_stream
+from gateway import relay
 from gateway.wire import Connection, WireResponse
 
 # A chat chunk as SGLang 0.5 streams it (one token of content, usage null).
@@ -91,7 +93,14 @@ class _Cycle:
         self.sent += 1
 
 
-async def _per_chunk(push: bool, chunks: int, itl: Histogram) -> float:
+_NATIVE = relay.TokenSink
+# mode -> (pushed, with the C extension's TokenSink)
+MODES = {"pulled": (False, False), "pushed": (True, True), "pushed, Python rule": (True, False)}
+
+
+async def _per_chunk(mode: str, chunks: int, itl: Histogram) -> float:
+    push, native = MODES[mode]
+    relay.TokenSink = _NATIVE if native else None  # read when the relay starts
     conn = Connection(lambda c: None, lambda c, was: None)
     conn.connection_made(_Socket())  # type: ignore[arg-type]
     resp = WireResponse(conn)
@@ -100,7 +109,7 @@ async def _per_chunk(push: bool, chunks: int, itl: Histogram) -> float:
     cycle = _Cycle()
     gaps = GapBuffer(itl)
     slot = Pool([Backend("plain", "http://127.0.0.1:1", speculative=False)]).acquire("plain")  # the proxy's bookkeeping
-    relay = asyncio.create_task(relay_stream(
+    task = asyncio.create_task(relay.relay_stream(
         resp, cycle.send, strip_usage=True, idle_timeout=600.0, on_first=lambda now: None, on_token=slot.mark_token,
         on_gap=gaps.observe, writer=BodyWriter(cycle) if push else None,
     ))
@@ -114,16 +123,16 @@ async def _per_chunk(push: bool, chunks: int, itl: Histogram) -> float:
         cycle.sent = 0
     spent = time.perf_counter() - started
     conn.data_received(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-    await relay
+    await task
     return spent / chunks
 
 
 async def _run(chunks: int, repeat: int) -> dict[str, float]:
     itl = Histogram("itl_seconds", "inter-token gaps", registry=CollectorRegistry())
-    best = {"pulled": float("inf"), "pushed": float("inf")}
-    for _ in range(repeat):  # alternating, so both see the same machine
-        for name, push in (("pulled", False), ("pushed", True)):
-            best[name] = min(best[name], await _per_chunk(push, chunks, itl))
+    best = dict.fromkeys(MODES, float("inf"))
+    for _ in range(repeat):  # alternating, so every mode sees the same machine
+        for mode in MODES:
+            best[mode] = min(best[mode], await _per_chunk(mode, chunks, itl))
     return best
 
 
@@ -159,14 +168,15 @@ def main() -> None:
         f"Command: `python -m benchmarks.relay_cost --chunks {args.chunks} --repeat {args.repeat}{extra}` (uvloop). "
         f"A {len(CHUNK)}-byte SGLang chat chunk per read, relayed to a client whose socket drops the bytes; best of "
         "the runs, each interpreter in its own process, alternating. The socket calls every proxy pays per chunk "
-        "(read, write, poll) are not included.",
+        "(read, write, poll) are not included. Pushed: whole token chunks relayed by the C extension "
+        "(`gateway/_sse.c`'s TokenSink); pushed, Python rule: the same relay without it.",
         "",
         "| interpreter | relay | µs per chunk | against pulled | against the first interpreter |",
         "|---|---|---|---|---|",
     ]
     first: dict[str, float] = {}
     for python in pythons:
-        for name in ("pulled", "pushed"):
+        for name in MODES:
             seconds = min(float(run[name]) for run in runs[python])
             first.setdefault(name, seconds)
             pulled = min(float(run["pulled"]) for run in runs[python])

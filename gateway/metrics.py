@@ -141,9 +141,9 @@ class GapBuffer:
     An observe into prometheus_client's histogram costs 1.5 us, 5.4 us in multiprocess mode (a
     locked write to a file per bucket); once per relayed chunk that was a large share of the relay's
     own work. Here `observe(seconds)` counts a gap in the first bucket whose bound is at least
-    `seconds`, as Histogram.observe does: a C call (`gateway._sse.GapCounts`: 1-1.5 us less of the
-    gateway's CPU per relayed chunk than a Python method, 256 lockstep streams) or, without the C
-    extension, a bisect in Python. `flush` adds the counts once per stream, through the series' own
+    `seconds`, as Histogram.observe does: a C call (`gateway._sse.GapCounts`, which the C relay calls
+    without a Python frame; about 20 ns a gap against 140 for the Python method, timeit on Debian's
+    python3.11) or, without the C extension, a bisect in Python. `flush` adds the counts once per stream, through the series' own
     bucket values (prometheus_client keeps them per bucket, not cumulative).
     """
 

@@ -15,9 +15,9 @@ the gateway's own server the events are pushed: relayed in the upstream connecti
 and written with the request's `BodyWriter` (`gateway/body_writer.py`), so no task wakes and no
 `send` is awaited per event. With the C extension a read that holds nothing but whole token
 chunks (nearly every read) is tallied and written on whole by `gateway._sse.TokenSink` (the same
-rule and bookkeeping, no Python frame: 19.7 -> 18.3 us of gateway CPU per relayed chunk, see
-gateway/_sse.c); every other read comes to `_Push._take`. Otherwise events are pulled: read in the
-request's task, one awaited `send` each.
+rule and bookkeeping, no Python frame of the relay's: 29.3 -> 27.0 us of gateway CPU per relayed
+chunk, see gateway/_sse.c); every other read comes to `_Push._take`. Otherwise events are pulled:
+read in the request's task, one awaited `send` each.
 """
 
 from __future__ import annotations
