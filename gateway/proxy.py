@@ -61,6 +61,9 @@ class ProxyResponse(Response):
         self._writer: BodyWriter | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        turn = self._rt.pacer.turn()
+        if turn is not None:
+            await turn
         writer = self._writer = body_writer(scope, send)
         work = asyncio.create_task(self._serve(send))
         self._rt.requests.add(work)
@@ -348,7 +351,7 @@ class ProxyResponse(Response):
             )
         finally:
             gaps.flush()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": result.tail, "more_body": False})
         if result.error_kind is not None:
             rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
             if result.error_kind in ("idle_timeout",):

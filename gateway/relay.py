@@ -59,6 +59,9 @@ class StreamResult:
     token_chunks: int = 0
     usage: dict[str, Any] | None = None
     error_kind: str | None = None  # None: the stream finished cleanly with [DONE]
+    # The stream's last bytes ([DONE], or the error event and [DONE]), not yet sent: the caller sends
+    # them with the response's end, one write instead of two.
+    tail: bytes = b""
 
 
 def _carries_tokens(chunk: dict[str, Any]) -> bool:
@@ -198,7 +201,8 @@ async def relay_stream(
 
     Ends the client's stream cleanly in every case: an upstream failure becomes one SSE error
     event followed by [DONE], never a hang or a silent truncation. Does not send the final empty
-    body message; the caller does, after its bookkeeping. `on_token(now)` is called for each event
+    body message; the caller does, with `tail` (the last event, held back so that it and the end
+    of the chunked body go out in one socket write). `on_token(now)` is called for each event
     that carries generated tokens, `on_first(now)` before it for the first, `on_gap(seconds)` with
     the time since the previous one for the others (separate callables, so a caller can pass its
     bookkeeping's own methods: a call less per chunk than a closure that forwards);
@@ -218,8 +222,7 @@ async def relay_stream(
         watch.close()
     if events.failed:
         kind = events.result.error_kind
-        failure = OpenAIError(502, f"upstream stream failed: {kind}", code=kind)
-        await send({"type": "http.response.body", "body": failure.sse_event() + DONE, "more_body": True})
+        events.result.tail = OpenAIError(502, f"upstream stream failed: {kind}", code=kind).sse_event() + DONE
     return events.result
 
 
@@ -248,6 +251,9 @@ async def _pull(resp: WireResponse, send: Send, watch: IdleWatch, events: _Event
             events.fail("truncated")
             return
         out = events.take(event)
+        if events.ended:
+            events.result.tail = out or b""
+            return
         if out is not None:
             await send({"type": "http.response.body", "body": out, "more_body": True})
 
@@ -326,11 +332,12 @@ class _Push:
                 end = at + 2
                 out = events.take(data[start:end])
                 start = end
-                if out is not None:
-                    paused = write(out)
                 if events.ended:
+                    events.result.tail = out or b""
                     self._stop()
                     return
+                if out is not None:
+                    paused = write(out)
         except Exception as exc:  # noqa: BLE001 - raised in the task, not in the socket's callback
             self._fail(exc)
             return

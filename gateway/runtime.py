@@ -15,12 +15,14 @@ from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.board import LoadBoard
 from gateway.native import RidTable
+from gateway.pacing import TurnPacer
 from gateway.policy import Completion, Policy
 from gateway.pool import Backend, Pool
 from gateway.response_homes import ResponseHomes
 from gateway.upstream import UpstreamClient
 
 ENDPOINTS = ("chat", "completions", "generate", "responses", "ollama_chat", "ollama_generate")
+REQUESTS_PER_TURN = 4  # proxied requests that start per turn of the event loop (gateway/pacing.py)
 
 
 class Runtime:
@@ -69,6 +71,7 @@ class Runtime:
         self._draining = False
         self.response_homes = ResponseHomes()  # which backend holds each stored Responses API response
         self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
+        self.pacer = TurnPacer(REQUESTS_PER_TURN)
         self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)

@@ -95,7 +95,7 @@ async def run_relay(
         on_gap=gaps.append, writer=writer,
     )
     resp.close()
-    return b"".join(cycle.sent), result, gaps, firsts
+    return b"".join(cycle.sent) + result.tail, result, gaps, firsts  # the caller sends the tail with the end
 
 
 async def test_bytes_are_relayed_untouched_and_usage_is_read(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
@@ -105,6 +105,16 @@ async def test_bytes_are_relayed_untouched_and_usage_is_read(upstream, push: boo
     assert result.error_kind is None
     assert result.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert result.token_chunks == 3 and firsts == 1 and len(gaps) == 2  # role and finish chunks carry no tokens
+
+
+async def test_the_last_event_is_held_back_for_the_response_end(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
+    # [DONE] (or an error event and [DONE]) goes out with the chunked body's end: one write, not two.
+    cycle = Cycle()
+    _, result, _, _ = await run_relay(push=push, resp=await upstream([chunk("a"), FINISH, DONE]), strip_usage=True, cycle=cycle)
+    assert result.tail == DONE and b"".join(cycle.sent) == chunk("a") + FINISH
+    cycle = Cycle()
+    _, result, _, _ = await run_relay(push=push, resp=await upstream([chunk("a")]), strip_usage=True, cycle=cycle)
+    assert b"".join(cycle.sent) == chunk("a") and result.tail.endswith(DONE) and b"truncated" in result.tail
 
 
 async def test_usage_chunk_is_stripped_when_the_client_did_not_ask(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
@@ -235,7 +245,7 @@ async def test_a_read_of_whole_token_chunks_is_written_at_once() -> None:
     conn.data_received(b"0\r\n\r\n")
     out, result, gaps, firsts = await relay
     assert out == ROLE + chunk("a") + chunk("b") + chunk("c") + chunk("d") + FINISH + DONE
-    assert cycle.sent == [ROLE, chunk("a") + chunk("b") + chunk("c"), chunk("d"), FINISH, DONE]
+    assert cycle.sent == [ROLE, chunk("a") + chunk("b") + chunk("c"), chunk("d"), FINISH]  # [DONE]: the tail
     assert result.token_chunks == 4 and firsts == 1 and len(gaps) == 3
 
 
