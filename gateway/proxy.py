@@ -337,6 +337,7 @@ class ProxyResponse(Response):
         )
         self._status = "200"
         self._streaming = True
+        rt.pacer.streams += 1
         try:
             result = await job.dialect.relay(
                 resp,
@@ -350,6 +351,7 @@ class ProxyResponse(Response):
                 **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
             )
         finally:
+            rt.pacer.streams -= 1
             gaps.flush()
         await send({"type": "http.response.body", "body": result.tail, "more_body": False})
         if result.error_kind is not None:

@@ -32,8 +32,14 @@ async def _request(pacer: TurnPacer, counter: TurnCounter, name: int, started: l
     started.append((name, counter.turn))
 
 
+def _streaming(per_turn: int) -> TurnPacer:
+    pacer = TurnPacer(per_turn)
+    pacer.streams = 1  # a stream in flight: bursts are paced
+    return pacer
+
+
 async def test_a_burst_starts_a_few_per_turn_first_come_first_served() -> None:
-    pacer, counter = TurnPacer(3), TurnCounter()
+    pacer, counter = _streaming(3), TurnCounter()
     started: list[tuple[int, int]] = []
     try:
         async with asyncio.timeout(5):
@@ -48,8 +54,19 @@ async def test_a_burst_starts_a_few_per_turn_first_come_first_served() -> None:
     assert pacer.waiting == 0
 
 
+async def test_with_no_stream_in_flight_a_burst_starts_at_once() -> None:
+    pacer, counter = TurnPacer(3), TurnCounter()
+    started: list[tuple[int, int]] = []
+    try:
+        async with asyncio.timeout(5):
+            await asyncio.gather(*(_request(pacer, counter, i, started) for i in range(20)))
+    finally:
+        counter.stop()
+    assert len({turn for _, turn in started}) == 1
+
+
 async def test_requests_that_arrive_one_at_a_time_never_wait() -> None:
-    pacer = TurnPacer(1)
+    pacer = _streaming(1)
     for _ in range(5):
         assert pacer.turn() is None
         await asyncio.sleep(0)  # the next request comes in a later turn
@@ -57,7 +74,7 @@ async def test_requests_that_arrive_one_at_a_time_never_wait() -> None:
 
 
 async def test_a_cancelled_waiter_gives_its_place_to_the_next() -> None:
-    pacer, counter = TurnPacer(1), TurnCounter()
+    pacer, counter = _streaming(1), TurnCounter()
     started: list[tuple[int, int]] = []
     try:
         tasks = [asyncio.create_task(_request(pacer, counter, i, started)) for i in range(4)]

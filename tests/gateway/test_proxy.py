@@ -118,7 +118,7 @@ async def test_a_finished_stream_is_relayed_measured_and_released() -> None:
         assert exchange.status == 200 and exchange.headers["x-specgate-backend"] == "eagle"
         assert exchange.body.count(b'"content"') == 4 and exchange.body.endswith(b"data: [DONE]\n\n")
         assert b'"usage"' not in exchange.body  # asked for on the client's behalf, stripped again
-        assert inflight(rt) == {"eagle": 0, "plain": 0}
+        assert inflight(rt) == {"eagle": 0, "plain": 0} and rt.pacer.streams == 0
         policy = rt.policy
         assert isinstance(policy, RecordingPolicy)
         assert policy.placed == [Decision("eagle", "below_threshold")]
@@ -146,10 +146,10 @@ async def test_a_client_that_leaves_mid_stream_releases_its_slot_and_the_upstrea
         async with asyncio.timeout(10):
             while b'"content"' not in seen.body:  # the first token reached the client
                 await asyncio.sleep(0.01)
-        assert inflight(rt) == {"eagle": 1, "plain": 0}
+        assert inflight(rt) == {"eagle": 1, "plain": 0} and rt.pacer.streams == 1  # new requests are paced
         gone.set()
         await asyncio.wait_for(task, 10)
-        assert inflight(rt) == {"eagle": 0, "plain": 0}
+        assert inflight(rt) == {"eagle": 0, "plain": 0} and rt.pacer.streams == 0
         assert sample(rt, "specgate_requests_total", backend="eagle", endpoint="chat", status="499") == 1
 
 
@@ -178,7 +178,7 @@ async def test_a_silent_stream_ends_with_an_error_event_and_releases() -> None:
         exchange = await call(rt)
         assert exchange.status == 200  # the header went out with the first token
         assert b"idle_timeout" in exchange.body and exchange.body.endswith(b"data: [DONE]\n\n")
-        assert inflight(rt) == {"eagle": 0, "plain": 0}
+        assert inflight(rt) == {"eagle": 0, "plain": 0} and rt.pacer.streams == 0
         assert sample(rt, "specgate_upstream_errors_total", backend="eagle", kind="idle_timeout") == 1
         assert rt.policy.completions == []  # type: ignore[attr-defined]
 
