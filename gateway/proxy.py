@@ -24,6 +24,7 @@ from gateway.client_watch import watch_client
 from gateway.errors import OpenAIError
 from gateway.local_errors import local_kind
 from gateway.metrics import GapBuffer
+from gateway.own_cancel import OwnCancel
 from gateway.policy import Completion, Decision, failover, route
 from gateway.pool import Backend, PoolSnapshot, Slot
 from gateway.proxy_job import ProxyJob
@@ -58,36 +59,40 @@ class ProxyResponse(Response):
         self._status = CLIENT_GONE
         self._streaming = False  # stream headers sent: an interruption must end it with an error event
         self._client_left = False
+        self._interrupted = False  # the gateway is stopping: the client gets a 503 or an error event
         self._writer: BodyWriter | None = None
+        self._exchange = OwnCancel()  # the exchange runs in the request's own task
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         turn = self._rt.pacer.turn()
         if turn is not None:
             await turn
+        task = asyncio.current_task()
+        assert task is not None, "a response runs in a task"
         writer = self._writer = body_writer(scope, send)
-        work = asyncio.create_task(self._serve(send))
-        self._rt.requests.add(work)
-        work.add_done_callback(self._rt.requests.discard)
-        stop_watching = watch_client(writer, receive, lambda: self._client_gone(work))
+        self._rt.requests.add(self)
+        stop_watching = watch_client(writer, receive, self._client_gone)  # at once if it already left
+        self._exchange.running(task)
         try:
-            await work
+            await self._serve(send)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():  # this request's own task is being cancelled
+            if not self._exchange.absorb(task):  # not only the client leaving or the shutdown
                 raise
         finally:
+            self._exchange.running(None)
             stop_watching()
-            work.cancel()  # no-op when finished; otherwise the server is stopping
-            if not work.done():
-                await asyncio.gather(work, return_exceptions=True)
-        if work.cancelled() and not self._client_left:  # only the runtime cancels it otherwise: shutdown
+            self._rt.requests.discard(self)
+        if self._interrupted and not self._client_left:
             await self._end_interrupted(send)
 
-    def _client_gone(self, work: asyncio.Task[None]) -> None:
-        if not work.done():
-            self._status = CLIENT_GONE  # even after a 200 header: the client did not get it all
-            self._client_left = True
-            work.cancel()
+    def _client_gone(self) -> None:
+        self._status = CLIENT_GONE  # even after a 200 header: the client did not get it all
+        self._client_left = True
+        self._exchange.cancel()
+
+    def interrupt(self) -> None:
+        """The gateway is stopping: end the exchange now (the client is told, unless it has left)."""
+        self._interrupted = self._exchange.cancel()
 
     async def _end_interrupted(self, send: Send) -> None:
         """The gateway stopped before the response ended: say so rather than cut the connection."""
@@ -113,6 +118,8 @@ class ProxyResponse(Response):
         resp: WireResponse | None = None
         try:
             try:
+                if self._client_left:  # before the exchange began: counted, nothing sent
+                    return
                 self._admit()
                 resp = await self._dispatch()
             except OpenAIError as err:
@@ -232,12 +239,8 @@ class ProxyResponse(Response):
             except TimeoutError as exc:
                 rt.metrics.upstream_errors.labels(backend.name, "first_byte_timeout").inc()
                 rt.health.report_timeout(backend.name, "first-byte timeout")
-                raise OpenAIError(
-                    504,
-                    f"backend {backend.name} sent nothing within {rt.settings.timeouts.first_byte:g} s",
-                    code="upstream_timeout",
-                    type="server_error",
-                ) from exc
+                waited = f"backend {backend.name} sent nothing within {rt.settings.timeouts.first_byte:g} s"
+                raise OpenAIError(504, waited, code="upstream_timeout", type="server_error") from exc
             except BadResponse as exc:  # the backend answered with something not HTTP
                 rt.metrics.upstream_errors.labels(backend.name, "bad_response").inc()
                 raise OpenAIError(
@@ -260,13 +263,8 @@ class ProxyResponse(Response):
             rt.metrics.upstream_errors.labels(backend.name, "local_resource").inc()
             rt.metrics.local_errors.labels(kind).inc()
             log.warning("request %s not sent to %s: the gateway is out of %s", self._job.request_id, backend.name, kind)
-            raise OpenAIError(
-                503,
-                f"the gateway is out of local resources ({kind}), retry shortly",
-                code="gateway_overloaded",
-                type="server_error",
-                headers={"Retry-After": "1"},
-            ) from exc
+            message = f"the gateway is out of local resources ({kind}), retry shortly"
+            raise OpenAIError(503, message, code="gateway_overloaded", type="server_error", headers={"Retry-After": "1"}) from exc
 
     async def _read_all(self, resp: WireResponse) -> bytes:
         return await resp.read(self._rt.settings.timeouts.idle)

@@ -6,7 +6,6 @@ can build as many independent gateways as it likes.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from gateway.config import BackendConfig, Settings
@@ -70,7 +69,7 @@ class Runtime:
         self.health = HealthChecker(self.pool, self.upstreams, settings.health, poll=poll_health)
         self._draining = False
         self.response_homes = ResponseHomes()  # which backend holds each stored Responses API response
-        self.requests: set[asyncio.Task[None]] = set()  # proxied requests in progress, to end them on shutdown
+        self.requests: set[Any] = set()  # proxied requests in progress (`ProxyResponse`), to end them on shutdown
         self.pacer = TurnPacer(REQUESTS_PER_TURN)
         self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
         metrics.prepare(self.pool.names, ENDPOINTS)
@@ -109,8 +108,8 @@ class Runtime:
 
     def interrupt_requests(self) -> None:
         """End every proxied request still in progress, each with an error its client can see."""
-        for task in list(self.requests):
-            task.cancel()
+        for response in list(self.requests):
+            response.interrupt()
 
     def learn(self, completion: Completion) -> None:
         """Teach the policy a finished response; with several workers, every worker's policy learns it."""
