@@ -32,7 +32,8 @@ from benchmarks.output import publish
 _SERVING = re.compile(r"serving on (http://\S+)")
 
 
-def _measure_tree(label: str, tree: Path, config: Path, log: Path, seconds: float, script: Path) -> Measured:
+def start_tree_gateway(tree: Path, config: Path, log: Path) -> tuple[Child, str]:
+    """`specgate serve` from `tree` (its own `.venv`), once it serves; the process and its URL."""
     gateway = Child(
         "gateway",
         [str(tree / ".venv/bin/python"), "-m", "gateway", "serve", "--port", "0", "--config", str(config)],
@@ -41,13 +42,37 @@ def _measure_tree(label: str, tree: Path, config: Path, log: Path, seconds: floa
         cwd=tree,
     )
     gateway.start()
+    deadline = time.monotonic() + 90
+    while not (found := _SERVING.search(log.read_text() if log.exists() else "")):
+        if time.monotonic() > deadline or not gateway.running:
+            gateway.stop_blocking(grace=10)
+            raise RuntimeError(f"{tree}: the gateway did not start:\n{gateway.last_lines()}")
+        time.sleep(0.1)
+    return gateway, found.group(1)
+
+
+def start_source(tmp: Path) -> tuple[Child, str]:
+    """The lockstep upstream (benchmarks/sse_source.py --lockstep --instant, 20 ms steps), once ready; it and its URL."""
+    port = free_loopback_port()
+    src = f"http://127.0.0.1:{port}"
+    source = Child(
+        "sse-source",
+        [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(port), "--step", "0.02", "--lockstep", "--instant"],
+        log_path=tmp / "source.log",
+    )
+    source.start()
     try:
-        deadline = time.monotonic() + 90
-        while not (found := _SERVING.search(log.read_text() if log.exists() else "")):
-            if time.monotonic() > deadline or not gateway.running:
-                raise RuntimeError(f"{label}: the gateway did not start:\n{gateway.last_lines()}")
-            time.sleep(0.1)
-        return measure(label, found.group(1), [gateway.pid], seconds, script)
+        wait_until_ready_blocking(src, source, 30)
+    except BaseException:
+        source.stop_blocking(grace=10)
+        raise
+    return source, src
+
+
+def _measure_tree(label: str, tree: Path, config: Path, log: Path, seconds: float, script: Path) -> Measured:
+    gateway, url = start_tree_gateway(tree, config, log)
+    try:
+        return measure(label, url, [gateway.pid], seconds, script)
     finally:
         gateway.stop_blocking(grace=10)
 
@@ -73,14 +98,20 @@ def _medians(label: str, runs: list[Measured]) -> str:
             f"| {mid([m.lag_p99 for m in runs]) * 1e3:.1f} | {sum(m.errors for m in runs)} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def ab_parser(description: str | None, rounds: int) -> argparse.ArgumentParser:
+    """The options every before-and-after benchmark takes: the two checkouts, rounds, workers, --out."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="checkout of the code before (with its .venv)")
     parser.add_argument("--after", type=Path, default=Path("."), help="checkout of the code after (with its .venv)")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--workers", type=int, default=1, help="the gateways' `[server] workers`")
     parser.add_argument("--out", type=Path)
+    return parser
+
+
+def main() -> None:
+    parser = ab_parser(__doc__, rounds=2)
+    parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
     args = parser.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     lines = [f"- {label}: {tree}, {_interpreter(tree)}" for label, tree in trees.items()]
@@ -94,16 +125,8 @@ def main() -> None:
         tmp = Path(tmp_name)
         script = tmp / "post.lua"
         script.write_text(_WRK_LUA.format(body=orjson.dumps(BODY).decode()))
-        port = free_loopback_port()
-        src = f"http://127.0.0.1:{port}"
-        source = Child(
-            "sse-source",
-            [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(port), "--step", "0.02", "--lockstep", "--instant"],
-            log_path=tmp / "source.log",
-        )
-        source.start()
+        source, src = start_source(tmp)
         try:
-            wait_until_ready_blocking(src, source, 30)
             config = _specgate_config(tmp, src, args.workers)
             for round_ in range(1, args.rounds + 1):
                 for label, tree in trees.items():

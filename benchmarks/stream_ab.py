@@ -13,40 +13,17 @@ chunk lag p99 and the gateway's CPU per relayed chunk, and in how many rounds `a
 
 from __future__ import annotations
 
-import argparse
-import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import uvloop
 
-from backends.process import Child, free_loopback_port
-from backends.readiness import wait_until_ready_blocking
-from benchmarks.gateway_ab import _interpreter
+from backends.process import Child
+from benchmarks.gateway_ab import _interpreter, ab_parser, start_source, start_tree_gateway
 from benchmarks.gateway_overhead import _cpu, _pct, _specgate_config, _streams
 from benchmarks.output import publish
-
-_SERVING = re.compile(r"serving on (http://\S+)")
-
-
-def _start(tree: Path, config: Path, log: Path) -> tuple[Child, str]:
-    """`tree`'s gateway, once it serves; its URL."""
-    gateway = Child(
-        "gateway", [str(tree / ".venv/bin/python"), "-m", "gateway", "serve", "--port", "0", "--config", str(config)],
-        env={"PYTHONUNBUFFERED": "1"}, log_path=log, cwd=tree,
-    )
-    gateway.start()
-    deadline = time.monotonic() + 90
-    while not (found := _SERVING.search(log.read_text() if log.exists() else "")):
-        if time.monotonic() > deadline or not gateway.running:
-            gateway.stop_blocking(grace=10)
-            raise RuntimeError(f"{tree}: the gateway did not start:\n{gateway.last_lines()}")
-        time.sleep(0.1)
-    return gateway, found.group(1)
-
 
 def _load(gateway: Child, url: str) -> tuple[float, float]:
     """(chunk lag p99 in ms, CPU per relayed chunk in µs) of one stream load."""
@@ -56,31 +33,17 @@ def _load(gateway: Child, url: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", type=Path, required=True, help="checkout of the code before (with its .venv)")
-    parser.add_argument("--after", type=Path, default=Path("."), help="checkout of the code after (with its .venv)")
-    parser.add_argument("--rounds", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=1, help="the gateways' `[server] workers`")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = ab_parser(__doc__, rounds=16).parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     runs: dict[str, list[tuple[float, float]]] = {label: [] for label in trees}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        port = free_loopback_port()
-        src = f"http://127.0.0.1:{port}"
-        source = Child(
-            "sse-source",
-            [sys.executable, str(Path(__file__).with_name("sse_source.py")), "--port", str(port), "--step", "0.02", "--lockstep", "--instant"],
-            log_path=tmp / "source.log",
-        )
-        source.start()
+        source, src = start_source(tmp)
         gateways: dict[str, tuple[Child, str]] = {}
         try:
-            wait_until_ready_blocking(src, source, 30)
             config = _specgate_config(tmp, src, args.workers)
             for label, tree in trees.items():
-                gateways[label] = _start(tree, config, tmp / f"{label}.log")
+                gateways[label] = start_tree_gateway(tree, config, tmp / f"{label}.log")
             for label in trees:  # warm: connections, pools, caches
                 _load(*gateways[label])
             for round_ in range(args.rounds):

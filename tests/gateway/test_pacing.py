@@ -38,14 +38,21 @@ def _streaming(per_turn: int) -> TurnPacer:
     return pacer
 
 
-async def test_a_burst_starts_a_few_per_turn_first_come_first_served() -> None:
-    pacer, counter = _streaming(3), TurnCounter()
+async def _burst(pacer: TurnPacer, requests: int) -> list[tuple[int, int]]:
+    """`requests` arriving in one turn: (name, turn it started in) in the order they started."""
+    counter = TurnCounter()
     started: list[tuple[int, int]] = []
     try:
         async with asyncio.timeout(5):
-            await asyncio.gather(*(_request(pacer, counter, i, started) for i in range(20)))
+            await asyncio.gather(*(_request(pacer, counter, i, started) for i in range(requests)))
     finally:
         counter.stop()
+    return started
+
+
+async def test_a_burst_starts_a_few_per_turn_first_come_first_served() -> None:
+    pacer = _streaming(3)
+    started = await _burst(pacer, 20)
     assert [name for name, _ in started] == list(range(20))  # in arrival order
     per_turn: dict[int, int] = {}
     for _, turn in started:
@@ -55,13 +62,7 @@ async def test_a_burst_starts_a_few_per_turn_first_come_first_served() -> None:
 
 
 async def test_with_no_stream_in_flight_a_burst_starts_at_once() -> None:
-    pacer, counter = TurnPacer(3), TurnCounter()
-    started: list[tuple[int, int]] = []
-    try:
-        async with asyncio.timeout(5):
-            await asyncio.gather(*(_request(pacer, counter, i, started) for i in range(20)))
-    finally:
-        counter.stop()
+    started = await _burst(TurnPacer(3), 20)
     assert len({turn for _, turn in started}) == 1
 
 
