@@ -9,7 +9,11 @@ cell per backend, written by the health checker (the parent process) and by a wo
 backend fail. Finished responses go through a ring of completion records that every worker replays
 in the same order, so every worker's adaptive fit learns from every completion, as one process
 would. The service tiers' lane counts routing decisions here too (one counter per worker, summed),
-so a priority request seen by one worker makes every worker leave the lane free.
+so a priority request seen by one worker makes every worker leave the lane free. A routing decision
+and the slot it takes are one step for the whole gateway: a worker holds the routing lock from the
+counts it reads to the count it writes (gateway/admission.py). That lock is an flock on a file of
+its own, which the kernel releases when its holder dies: a worker killed mid-decision cannot leave
+the others waiting for it forever.
 
 Values are float64 (counts are exact below 2**53); a cell is one aligned 8-byte store, so a reader
 never sees half of one.
@@ -17,8 +21,10 @@ never sees half of one.
 
 from __future__ import annotations
 
-import os
 import array
+import fcntl
+import os
+import tempfile
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.synchronize import Lock
@@ -45,6 +51,7 @@ class BoardSpec:
     name: str
     workers: int
     backends: int
+    lock_path: str  # the routing lock's file
 
 
 class LoadBoard:
@@ -54,6 +61,7 @@ class LoadBoard:
         self.spec = spec
         self.worker = worker
         self._lock = lock
+        self._routing = os.open(spec.lock_path, os.O_RDWR)  # this process's own open file: flock is per open file
         size = 8 * self.cells(spec.workers, spec.backends)
         self._shm = shared_memory.SharedMemory(name=spec.name, create=create, size=size)
         self._cells = self._shm.buf.cast("d")
@@ -76,14 +84,31 @@ class LoadBoard:
     @classmethod
     def create(cls, workers: int, backends: int, lock: Lock) -> LoadBoard:
         """A new zeroed board, owned by the calling (parent) process."""
-        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends)
+        fd, lock_path = tempfile.mkstemp(prefix="specgate-routing-")
+        os.close(fd)
+        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, lock_path)
         return cls(spec, -1, lock, create=True)
 
     def close(self, *, unlink: bool = False) -> None:
         self._cells.release()
         self._shm.close()
+        os.close(self._routing)
         if unlink:
             self._shm.unlink()
+            os.unlink(self.spec.lock_path)
+
+    # Routing: one worker at a time decides and takes its slot.
+    def try_hold(self) -> bool:
+        """Take the routing lock if it is free, without waiting; True: taken (`let_go` gives it back)."""
+        try:
+            fcntl.flock(self._routing, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def let_go(self) -> None:
+        """Give back the routing lock `try_hold` took."""
+        fcntl.flock(self._routing, fcntl.LOCK_UN)
 
     # Rows: each worker writes its own, readers sum.
     def _cell(self, worker: int, backend: int, field: int) -> int:

@@ -1,4 +1,4 @@
-"""One proxied generation request, from routing decision to the last byte sent to the client.
+"""One proxied generation request, from its admission (gateway/admission.py) to the last byte sent to the client.
 
 `ProxyResponse` is an ASGI response that owns the whole upstream exchange, so everything tied to the
 request's lifetime lives in one `try/finally`: the in-flight slot (released there and nowhere
@@ -19,17 +19,18 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.admission import admit, fail_over
 from gateway.body_writer import BodyWriter, body_writer
 from gateway.client_watch import watch_client
 from gateway.errors import OpenAIError
 from gateway.local_errors import local_kind
 from gateway.metrics import GapBuffer
 from gateway.own_cancel import OwnCancel
-from gateway.policy import Completion, Decision, failover, route
-from gateway.pool import Backend, PoolSnapshot, Slot
+from gateway.policy import Completion
+from gateway.pool import Backend, Slot
 from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
-from gateway.tiers import admit_tier, echo_json, stream_echo, tier_header
+from gateway.tiers import echo_json, stream_echo, tier_header
 from gateway.wire import BadResponse, ConnectFailed, WireError, WireResponse
 
 log = logging.getLogger("specgate.proxy")
@@ -120,7 +121,7 @@ class ProxyResponse(Response):
             try:
                 if self._client_left:  # before the exchange began: counted, nothing sent
                     return
-                self._admit()
+                self._slot = await admit(rt, job)
                 resp = await self._dispatch()
             except OpenAIError as err:
                 self._status = str(err.status)
@@ -146,61 +147,6 @@ class ProxyResponse(Response):
             rt.metrics.requests.labels(name, job.endpoint, self._status).inc()
             rt.metrics.tier_requests.labels(job.tier, self._status).inc()
 
-    def _admit(self) -> None:
-        """Route the request and take its in-flight slot, or raise the error that says why not."""
-        rt, job = self._rt, self._job
-        if rt.draining:
-            raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
-        inflight = rt.pool.total_inflight
-        # A batch wider than the whole limit still runs alone rather than never.
-        if inflight >= rt.inflight_limit or (inflight and inflight + job.weight > rt.inflight_limit):
-            if inflight >= rt.budget.capacity:
-                rt.metrics.local_errors.labels("inflight_capacity").inc()
-            raise OpenAIError(
-                429, "too many requests in flight, retry shortly", code="overloaded", headers={"Retry-After": "1"}
-            )
-        if not rt.budget.admits(rt.sockets_open()):
-            # Closing this client's connection gives its descriptor back at once.
-            rt.metrics.local_errors.labels("descriptors").inc()
-            raise OpenAIError(
-                429,
-                "the gateway is at its open-file limit, retry shortly",
-                code="overloaded",
-                headers={"Retry-After": "1", "Connection": "close"},
-            )
-        admit_tier(job.tier, inflight, rt.inflight_limit, rt.settings.policy.tier_flex_inflight_share)
-        rt.catch_up()  # what the other workers' responses taught the policy
-        snapshot = rt.pool.snapshot()
-        decision = route(rt.policy, snapshot, job.forced, job.tier)
-        if decision is None:
-            target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
-            raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
-        self._slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight)
-        self._placed(snapshot, decision)
-
-    def _fail_over(self, failed: str) -> bool:
-        """Move the request off `failed`, which refused the connection; False when there is nowhere to go.
-
-        A forced request is never moved.
-        """
-        rt, slot = self._rt, self._slot
-        assert slot is not None
-        if self._job.forced is not None:
-            return False
-        snapshot = rt.pool.snapshot()
-        decision = failover(rt.policy, snapshot, failed, self._job.tier)
-        if decision is None:
-            return False
-        slot.move_to(decision.backend)
-        self._placed(snapshot, decision)
-        return True
-
-    def _placed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
-        """The request holds its slot where `decision` says: count it, and tell the policy that chose it."""
-        self._rt.metrics.route_decisions.labels(decision.backend, decision.label).inc()
-        if self._job.forced is None:
-            self._rt.policy.routed(snapshot, decision)
-
     def _encode(self, backend: Backend) -> bytes:
         job = self._job
         body = job.dialect.upstream_body(
@@ -221,6 +167,8 @@ class ProxyResponse(Response):
         """Send upstream; a connection failure before any byte is retried once on the other backend."""
         rt, job = self._rt, self._job
         rt.metrics.overhead.observe(time.monotonic() - job.arrived_at)
+        slot = self._slot
+        assert slot is not None, "dispatched before the request was routed"
         moved = False
         while True:
             backend = self._backend
@@ -231,7 +179,7 @@ class ProxyResponse(Response):
             except ConnectFailed as exc:
                 rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
                 await rt.health.confirm_unreachable(backend.name, type(exc).__name__)
-                if moved or not self._fail_over(backend.name):
+                if moved or not await fail_over(rt, job, slot, backend.name):
                     raise OpenAIError(
                         502, f"backend {backend.name} is unreachable", code="upstream_unreachable", type="server_error"
                     ) from exc

@@ -59,6 +59,7 @@ from gateway.policies.adaptive_state import (
     group_beliefs,
     kind_lines,
     least_harm,
+    listed_arm,
 )
 from gateway.policies.group_choice import BackendState, TpotLine
 from gateway.policies.group_choice import choose as choose_group
@@ -175,8 +176,8 @@ class AdaptivePolicy(Policy):
 
     def observe(self, completion: Completion) -> None:
         arm = self._arms.get(completion.backend)
-        if arm is None:  # a forced route can finish before the policy ever routed there
-            arm = self._arms[completion.backend] = self._new_arm()
+        if arm is None:  # a forced route's response, or another worker's: the arm starts as the pool lists it
+            arm = self._arms[completion.backend] = listed_arm(self._new_arm(), self._live, completion.backend)
         group = arm.group or completion.backend
         recent = self._recent.get(group)
         load = completion.mean_group_inflight
@@ -246,8 +247,7 @@ class AdaptivePolicy(Policy):
         """The batch size from which a plain server decodes faster than the EAGLE one, per the fits.
 
         Where the first EAGLE and the first plain backend's fitted lines cross (calibration.md's
-        crossover); 0 when plain is faster at every load, infinity when EAGLE is, None until both
-        are fitted.
+        crossover); 0 when plain is faster at every load, infinity when EAGLE is, None until both are fitted.
         """
         return crossover(self._arms.values())
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,20 @@ class Outlook:
     @property
     def fitted(self) -> bool:
         return self.estimator is not None and self.estimator.fitted
+
+
+def listed_arm(arm: Arm, live: Callable[[], PoolSnapshot] | None, name: str) -> Arm:
+    """`arm`, new, for backend `name` as the live pool lists it: its kind, group, whether the group is
+    shared, whether it is available. An arm this process never routed to (a forced route's response,
+    another worker's) then learns as the routing process's arm does, and its first routing is not
+    taken for a comeback from an outage (which would re-learn its fit)."""
+    snapshot = live() if live is not None else None
+    views = [] if snapshot is None else [v for v in snapshot.backends if v.name == name]
+    if views:
+        view = views[0]
+        arm.speculative, arm.group, arm.was_available = view.speculative, view.group, view.available
+        arm.shared = sum(v.group == view.group for v in snapshot.backends) > 1  # type: ignore[union-attr]
+    return arm
 
 
 def crossover(arms: Iterable[Arm]) -> float | None:

@@ -111,8 +111,8 @@ def test_the_load_integral_is_the_gateways(board: LoadBoard) -> None:
         slot.release()
 
 
-def _runtime(board: LoadBoard | None) -> Runtime:
-    backends = [BackendConfig(name=name, url=f"http://{name}", speculative=name == "eagle") for name in NAMES]
+def _runtime(board: LoadBoard | None, group: str | None = None) -> Runtime:
+    backends = [BackendConfig(name=name, url=f"http://{name}", speculative=name == "eagle", group=group) for name in NAMES]
     settings = Settings.model_validate({"backends": [b.model_dump() for b in backends]})
     return Runtime(settings, backends, AdaptivePolicy(), GatewayMetrics(), board=board, poll_health=False)
 
@@ -133,6 +133,39 @@ def test_every_worker_learns_every_completion_as_one_process_would(board: LoadBo
     for rt in workers:
         rt.catch_up()
         assert rt.policy.describe()["beliefs"]["backends"] == expected  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("group", [None, "pair"])
+def test_a_worker_that_never_routed_learns_as_the_one_that_did(board: LoadBoard, group: str | None) -> None:
+    """It knows each backend's kind and group (so its crossover and a co-located pair's skipped responses
+    are the routing process's) and its first routing keeps the fit (no comeback from an outage)."""
+    single, router, idle = _runtime(None, group), _runtime(_attach(board, 0), group), _runtime(_attach(board, 1), group)
+    for rt in (single, router, idle):
+        for backend in rt.pool:
+            backend.health = Health.READY
+            rt.pool.publish_health(backend)
+    for rt in (single, router):
+        rt.policy.routed(rt.pool.snapshot(), Decision("eagle", "adaptive_prior"))
+    rng = random.Random(5)
+    for i in range(200):
+        backend, n, tokens = NAMES[i % 2], rng.uniform(1, 30), rng.randint(8, 300)
+        tpot = (0.010 if backend == "eagle" else 0.014) + (0.0012 if backend == "eagle" else 0.0003) * n
+        others = rng.choice([0.0, 0.0, 3.0])  # co-located: the other server busy for some responses
+        completion = Completion(backend, tokens, 0.05, tpot * (tokens - 1), n, n + others, max(1, tokens // 3))
+        single.learn(completion)
+        router.learn(completion)
+    expected = single.policy.describe()["beliefs"]  # type: ignore[attr-defined]
+    assert expected["backends"]["eagle"]["speculative"] is True and expected["crossover_concurrency"] > 0
+    assert (expected["backends"]["eagle"]["shared_skipped"] > 0) == (group is not None)
+    idle.catch_up()
+    for rt in (router, idle):
+        beliefs = rt.policy.describe()["beliefs"]  # type: ignore[attr-defined]
+        assert beliefs["backends"] == expected["backends"]
+        assert beliefs["crossover_concurrency"] == expected["crossover_concurrency"]
+    idle.policy.routed(idle.pool.snapshot(), Decision("plain", "adaptive_predicted_faster"))
+    fits = idle.policy.describe()["beliefs"]["backends"]  # type: ignore[attr-defined]
+    keys = ("alpha_seconds", "beta_seconds_per_request", "effective_observations")
+    assert [[fits[n][k] for k in keys] for n in NAMES] == [[expected["backends"][n][k] for k in keys] for n in NAMES]
 
 
 def test_the_priority_lane_is_the_gateways_whichever_worker_saw_the_priority_request(board: LoadBoard) -> None:

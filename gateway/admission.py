@@ -1,0 +1,106 @@
+"""Whether a request may start and where it goes: the gateway's limits, the policy's decision and the slot it takes.
+
+With several workers every worker routes on the whole gateway's counts (gateway/board.py), and
+reading them, deciding and counting the request must be one step for the whole gateway: two workers
+that both read one request in flight would otherwise both send theirs to EAGLE under a threshold of
+2 (or past its cap), and both admit the request that fills the in-flight limit. So a worker holds
+the board's lock from its first read of the counts to its slot's count on the board, a few tens of
+microseconds. It only tries the lock: while another worker holds it, the request lets one turn of
+its event loop pass and tries again, so a worker whose peer was descheduled mid-decision goes on
+relaying its streams instead of blocking on it. With one worker there is no board and no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.board import LoadBoard
+from gateway.errors import OpenAIError
+from gateway.policy import Decision, failover, route
+from gateway.pool import PoolSnapshot, Slot
+from gateway.proxy_job import ProxyJob
+from gateway.runtime import Runtime
+from gateway.tiers import admit_tier
+
+
+async def admit(rt: Runtime, job: ProxyJob) -> Slot:
+    """Route the request and take its in-flight slot, or raise the error that says why not."""
+    rt.catch_up()  # what the other workers' responses taught the policy
+    board = rt.pool.board
+    if board is None:
+        return _admit(rt, job)
+    if not board.try_hold():
+        await _hold(board)
+    try:
+        return _admit(rt, job)
+    finally:
+        board.let_go()
+
+
+async def fail_over(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
+    """Move the request off `failed`, which refused the connection; False when there is nowhere to go.
+
+    A forced request is never moved.
+    """
+    if job.forced is not None:
+        return False
+    board = rt.pool.board
+    if board is None:
+        return _move(rt, job, slot, failed)
+    if not board.try_hold():
+        await _hold(board)
+    try:
+        return _move(rt, job, slot, failed)
+    finally:
+        board.let_go()
+
+
+async def _hold(board: LoadBoard) -> None:
+    while not board.try_hold():
+        await asyncio.sleep(0)  # another worker is deciding: a turn of this loop, not a blocked one
+
+
+def _admit(rt: Runtime, job: ProxyJob) -> Slot:
+    if rt.draining:
+        raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
+    inflight = rt.pool.total_inflight
+    # A batch wider than the whole limit still runs alone rather than never.
+    if inflight >= rt.inflight_limit or (inflight and inflight + job.weight > rt.inflight_limit):
+        if inflight >= rt.budget.capacity:
+            rt.metrics.local_errors.labels("inflight_capacity").inc()
+        raise OpenAIError(429, "too many requests in flight, retry shortly", code="overloaded", headers={"Retry-After": "1"})
+    if not rt.budget.admits(rt.sockets_open()):
+        # Closing this client's connection gives its descriptor back at once.
+        rt.metrics.local_errors.labels("descriptors").inc()
+        raise OpenAIError(
+            429,
+            "the gateway is at its open-file limit, retry shortly",
+            code="overloaded",
+            headers={"Retry-After": "1", "Connection": "close"},
+        )
+    admit_tier(job.tier, inflight, rt.inflight_limit, rt.settings.policy.tier_flex_inflight_share)
+    snapshot = rt.pool.snapshot()
+    decision = route(rt.policy, snapshot, job.forced, job.tier)
+    if decision is None:
+        target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
+        raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
+    slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight)
+    _placed(rt, job, snapshot, decision)
+    return slot
+
+
+def _move(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
+    snapshot = rt.pool.snapshot()
+    decision = failover(rt.policy, snapshot, failed, job.tier)
+    if decision is None:
+        return False
+    slot.move_to(decision.backend)
+    _placed(rt, job, snapshot, decision)
+    return True
+
+
+def _placed(rt: Runtime, job: ProxyJob, snapshot: PoolSnapshot, decision: Decision) -> None:
+    """The request holds its slot where `decision` says: count it, and tell the policy that chose it."""
+    rt.metrics.route_decisions.labels(decision.backend, decision.label).inc()
+    if job.forced is None:
+        rt.policy.routed(snapshot, decision)
