@@ -98,16 +98,12 @@ class LoadBoard:
             os.unlink(self.spec.lock_path)
 
     # Routing: one worker at a time decides and takes its slot.
-    def try_hold(self) -> bool:
-        """Take the routing lock if it is free, without waiting; True: taken (`let_go` gives it back)."""
-        try:
-            fcntl.flock(self._routing, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
+    def hold(self) -> None:
+        """Take the routing lock, waiting in the kernel while another worker holds it (`let_go` gives it back)."""
+        fcntl.flock(self._routing, fcntl.LOCK_EX)
 
     def let_go(self) -> None:
-        """Give back the routing lock `try_hold` took."""
+        """Give back the routing lock."""
         fcntl.flock(self._routing, fcntl.LOCK_UN)
 
     # Rows: each worker writes its own, readers sum.

@@ -121,7 +121,7 @@ class ProxyResponse(Response):
             try:
                 if self._client_left:  # before the exchange began: counted, nothing sent
                     return
-                self._slot = await admit(rt, job)
+                self._slot = admit(rt, job)
                 resp = await self._dispatch()
             except OpenAIError as err:
                 self._status = str(err.status)
@@ -179,7 +179,7 @@ class ProxyResponse(Response):
             except ConnectFailed as exc:
                 rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
                 await rt.health.confirm_unreachable(backend.name, type(exc).__name__)
-                if moved or not await fail_over(rt, job, slot, backend.name):
+                if moved or not fail_over(rt, job, slot, backend.name):
                     raise OpenAIError(
                         502, f"backend {backend.name} is unreachable", code="upstream_unreachable", type="server_error"
                     ) from exc

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
+import fcntl
 import multiprocessing
+import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.synchronize import Event, Lock
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +25,7 @@ from gateway.proxy_job import ProxyJob
 from gateway.runtime import Runtime
 
 NAMES = ("eagle", "plain")
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -49,76 +54,78 @@ def _job() -> ProxyJob:
     return ProxyJob("chat", "/v1/chat/completions", body, False, False, None, "req", time.monotonic())
 
 
-async def _turns(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
+def _held(path: str) -> bool:
+    """Whether some open file holds the flock on `path` (asked with a file of our own, not waiting)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
-async def test_a_worker_decides_only_once_the_others_decision_is_counted(boards: list[LoadBoard]) -> None:
+def _waiting_in(call: Callable[[], T], lock_path: str) -> tuple[threading.Thread, list[T]]:
+    """Run `call` in a thread and return once the kernel shows it waiting for the flock on `lock_path`."""
+    out: list[T] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    inode = f":{os.stat(lock_path).st_ino} "
+    deadline = time.monotonic() + 30
+    while not any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines()):
+        assert thread.is_alive() and time.monotonic() < deadline, "the call did not wait for the lock"
+        time.sleep(0.001)
+    return thread, out
+
+
+def test_a_worker_decides_only_once_the_others_decision_is_counted(boards: list[LoadBoard]) -> None:
     first, second = _worker(boards[1]), _worker(boards[2])
-    assert (await admit(first, _job())).backend.name == "eagle"  # one in flight: below the threshold of 2
-    assert boards[2].try_hold()  # the second worker is mid-decision: it read 1 in flight too
-    waiting = asyncio.create_task(admit(first, _job()))
-    await _turns(20)
-    assert not waiting.done() and first.pool.total_inflight == 1  # no decision on counts about to change
+    assert admit(first, _job()).backend.name == "eagle"  # one in flight: below the threshold of 2
+    boards[2].hold()  # the second worker is mid-decision: it read 1 in flight too
+    thread, out = _waiting_in(lambda: admit(first, _job()), boards[0].spec.lock_path)
+    assert first.pool.total_inflight == 1  # no decision on counts about to change
     held = second.pool.acquire("eagle")  # the second worker's decision: eagle, at 1 in flight
     boards[2].let_go()
-    slot = await asyncio.wait_for(waiting, 5)
-    assert slot.backend.name == "plain"  # it read 2 in flight: as one process would have routed
+    thread.join(30)
+    assert out[0].backend.name == "plain"  # it read 2 in flight: as one process would have routed
     assert first.pool.total_inflight == second.pool.total_inflight == 3
-    for each in (held, slot):
-        each.release()
-    assert boards[1].try_hold()  # admit gave the lock back
-    boards[1].let_go()
+    for slot in (held, out[0]):
+        slot.release()
+    assert not _held(boards[0].spec.lock_path)  # admit gave the lock back
 
 
-async def test_the_in_flight_limit_is_the_gateways(boards: list[LoadBoard]) -> None:
+def test_the_in_flight_limit_is_the_gateways(boards: list[LoadBoard]) -> None:
     first, second = _worker(boards[1], max_inflight=2), _worker(boards[2], max_inflight=2)
-    slots = [await admit(first, _job()), await admit(second, _job())]
+    slots = [admit(first, _job()), admit(second, _job())]
     for rt in (first, second):
         with pytest.raises(OpenAIError) as info:
-            await admit(rt, _job())
+            admit(rt, _job())
         assert info.value.status == 429
     for slot in slots:
         slot.release()
-    assert boards[1].try_hold()  # a refusal gives the lock back too
-    boards[1].let_go()
+    assert not _held(boards[0].spec.lock_path)  # a refusal gives the lock back too
 
 
-async def test_a_request_waiting_for_the_lock_can_be_cancelled(boards: list[LoadBoard]) -> None:
+def test_a_failover_waits_for_the_lock_and_moves_the_slot(boards: list[LoadBoard]) -> None:
     first = _worker(boards[1])
-    assert boards[2].try_hold()
-    waiting = asyncio.create_task(admit(first, _job()))
-    await _turns(5)
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    boards[2].let_go()
-    assert first.pool.total_inflight == 0 and boards[1].try_hold()  # nothing taken, the lock not held
-    boards[1].let_go()
-
-
-async def test_a_failover_waits_for_the_lock_and_moves_the_slot(boards: list[LoadBoard]) -> None:
-    first = _worker(boards[1])
-    slot = await admit(first, _job())
+    slot = admit(first, _job())
     assert slot.backend.name == "eagle"
     first.pool["eagle"].health = Health.DOWN
     first.pool.publish_health(first.pool["eagle"])
     first.pool.publish_cards()  # the decision reads them under the board's other lock: no deadlock
-    assert boards[2].try_hold()
-    moving = asyncio.create_task(fail_over(first, _job(), slot, "eagle"))
-    await _turns(5)
-    assert not moving.done() and slot.backend.name == "eagle"
+    boards[2].hold()
+    thread, out = _waiting_in(lambda: fail_over(first, _job(), slot, "eagle"), boards[0].spec.lock_path)
+    assert slot.backend.name == "eagle"
     boards[2].let_go()
-    assert await asyncio.wait_for(moving, 5)
-    assert slot.backend.name == "plain"
+    thread.join(30)
+    assert out == [True] and slot.backend.name == "plain"
     slot.release()
     assert first.pool.total_inflight == 0
 
 
 def _hold_and_wait(spec: BoardSpec, lock: Lock, held: Event) -> None:
-    attached = LoadBoard(spec, 1, lock)
-    assert attached.try_hold()
+    LoadBoard(spec, 1, lock).hold()
     held.set()
     time.sleep(60)  # killed long before
 
@@ -130,9 +137,8 @@ def test_a_worker_killed_holding_the_lock_does_not_keep_it(boards: list[LoadBoar
     proc.start()
     try:
         assert held.wait(30)
-        assert not boards[2].try_hold()
+        assert _held(boards[0].spec.lock_path)
     finally:
         proc.kill()
         proc.join(30)
-    assert boards[2].try_hold()  # the kernel let go of the dead worker's lock
-    boards[2].let_go()
+    assert not _held(boards[0].spec.lock_path)  # the kernel let go of the dead worker's lock
