@@ -170,8 +170,8 @@ def _wrk(url: str, connections: int, seconds: float, script: Path) -> tuple[floa
     return p50, p99, rps, requests, errors
 
 
-async def _streams(url: str) -> tuple[list[float], int]:
-    """Chunk lags of STREAMS concurrent streams of CHUNKS chunks, and the chunks relayed."""
+async def _streams(url: str, streams: int = STREAMS) -> tuple[list[float], int]:
+    """Chunk lags of `streams` concurrent streams of CHUNKS chunks, and the chunks relayed."""
     body = orjson.dumps({**BODY, "max_tokens": CHUNKS, "stream": True})
     lags: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -184,7 +184,7 @@ async def _streams(url: str) -> tuple[list[float], int]:
                     if payload != b"[DONE]":
                         lags.append(time.monotonic() - orjson.loads(payload)["ts"])
 
-        await asyncio.gather(*(one() for _ in range(STREAMS)))
+        await asyncio.gather(*(one() for _ in range(streams)))
     return lags, len(lags)
 
 
