@@ -27,11 +27,8 @@ def admit(rt: Runtime, job: ProxyJob) -> Slot:
     board = rt.pool.board
     if board is None:
         return _admit(rt, job)
-    board.hold()
-    try:
+    with board.routing:
         return _admit(rt, job)
-    finally:
-        board.let_go()
 
 
 def fail_over(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
@@ -44,11 +41,8 @@ def fail_over(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
     board = rt.pool.board
     if board is None:
         return _move(rt, job, slot, failed)
-    board.hold()
-    try:
+    with board.routing:
         return _move(rt, job, slot, failed)
-    finally:
-        board.let_go()
 
 
 def _admit(rt: Runtime, job: ProxyJob) -> Slot:

@@ -11,9 +11,10 @@ in the same order, so every worker's adaptive fit learns from every completion, 
 would. The service tiers' lane counts routing decisions here too (one counter per worker, summed),
 so a priority request seen by one worker makes every worker leave the lane free. A routing decision
 and the slot it takes are one step for the whole gateway: a worker holds the routing lock from the
-counts it reads to the count it writes (gateway/admission.py). That lock is an flock on a file of
-its own, which the kernel releases when its holder dies: a worker killed mid-decision cannot leave
-the others waiting for it forever.
+counts it reads to the count it writes (gateway/admission.py). The board's two locks (routing; the
+ring and the published blobs) are flocks on files of their own, which the kernel releases when
+their holder dies: a worker killed mid-decision or mid-publish cannot leave the others waiting for
+it forever.
 
 Values are float64 (counts are exact below 2**53); a cell is one aligned 8-byte store, so a reader
 never sees half of one.
@@ -27,7 +28,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from multiprocessing.synchronize import Lock
+from types import TracebackType
 
 # Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served.
 INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED = range(6)
@@ -42,6 +43,24 @@ CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker di
 LOAD_BYTES = 65536  # the backends' own /v1/loads (JSON), as the health checker last polled them
 _HEADER = 4  # draining flag, completions written, model cards version, engine loads version
 _CARDS_VERSION, _LOADS_VERSION = 2, 3
+_LOCKS = ("routing", "records")  # the locks' files
+
+
+class FileLock:
+    """An exclusive flock on `path`, taken through this object's own open file (flock is per open file,
+    so two views of the board in one process exclude each other too); waited for in the kernel."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR)
+
+    def __enter__(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 @dataclass(frozen=True)
@@ -51,17 +70,17 @@ class BoardSpec:
     name: str
     workers: int
     backends: int
-    lock_path: str  # the routing lock's file
+    locks: str  # the directory of the locks' files
 
 
 class LoadBoard:
     """A view of the shared block; `worker` is this process's row (-1: the parent, which owns no row)."""
 
-    def __init__(self, spec: BoardSpec, worker: int, lock: Lock, *, create: bool = False) -> None:
+    def __init__(self, spec: BoardSpec, worker: int, *, create: bool = False) -> None:
         self.spec = spec
         self.worker = worker
-        self._lock = lock
-        self._routing = os.open(spec.lock_path, os.O_RDWR)  # this process's own open file: flock is per open file
+        self.routing = FileLock(os.path.join(spec.locks, "routing"))  # one routing decision at a time
+        self._records = FileLock(os.path.join(spec.locks, "records"))  # the completions ring and the blobs
         size = 8 * self.cells(spec.workers, spec.backends)
         self._shm = shared_memory.SharedMemory(name=spec.name, create=create, size=size)
         self._cells = self._shm.buf.cast("d")
@@ -82,29 +101,24 @@ class LoadBoard:
         return _HEADER + backends + workers * (backends * _FIELDS + _CLOCK) + RING * _RECORD + (CARD_BYTES + LOAD_BYTES) // 8
 
     @classmethod
-    def create(cls, workers: int, backends: int, lock: Lock) -> LoadBoard:
+    def create(cls, workers: int, backends: int) -> LoadBoard:
         """A new zeroed board, owned by the calling (parent) process."""
-        fd, lock_path = tempfile.mkstemp(prefix="specgate-routing-")
-        os.close(fd)
-        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, lock_path)
-        return cls(spec, -1, lock, create=True)
+        locks = tempfile.mkdtemp(prefix="specgate-board-")
+        for name in _LOCKS:
+            open(os.path.join(locks, name), "x").close()
+        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, locks)
+        return cls(spec, -1, create=True)
 
     def close(self, *, unlink: bool = False) -> None:
         self._cells.release()
         self._shm.close()
-        os.close(self._routing)
+        self.routing.close()
+        self._records.close()
         if unlink:
             self._shm.unlink()
-            os.unlink(self.spec.lock_path)
-
-    # Routing: one worker at a time decides and takes its slot.
-    def hold(self) -> None:
-        """Take the routing lock, waiting in the kernel while another worker holds it (`let_go` gives it back)."""
-        fcntl.flock(self._routing, fcntl.LOCK_EX)
-
-    def let_go(self) -> None:
-        """Give back the routing lock."""
-        fcntl.flock(self._routing, fcntl.LOCK_UN)
+            for name in _LOCKS:
+                os.unlink(os.path.join(self.spec.locks, name))
+            os.rmdir(self.spec.locks)
 
     # Rows: each worker writes its own, readers sum.
     def _cell(self, worker: int, backend: int, field: int) -> int:
@@ -175,7 +189,7 @@ class LoadBoard:
     # Completions: a ring every worker replays in the same order.
     def publish(self, record: tuple[float, ...]) -> None:
         """Append one completion record (see `_RECORD`)."""
-        with self._lock:
+        with self._records:
             index = int(self._cells[1])
             at = self._ring_at + (index % RING) * _RECORD
             self._cells[at : at + _RECORD] = memoryview(array.array("d", record))
@@ -222,14 +236,14 @@ class LoadBoard:
         # The version moves after the bytes, under the lock readers take, so no reader sees half.
         if len(payload) + 4 > limit:
             raise ValueError(f"{what} of {len(payload)} bytes do not fit the board's {limit}")
-        with self._lock:
+        with self._records:
             buf = self._shm.buf
             buf[at : at + 4] = len(payload).to_bytes(4, "little")
             buf[at + 4 : at + 4 + len(payload)] = payload
             self._cells[version] = self._cells[version] + 1.0
 
     def _read_blob(self, at: int, version: int) -> tuple[int, bytes]:
-        with self._lock:
+        with self._records:
             buf = self._shm.buf
             size = int.from_bytes(buf[at : at + 4], "little")
             return int(self._cells[version]), bytes(buf[at + 4 : at + 4 + size])

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 from multiprocessing.context import SpawnProcess
-from multiprocessing.synchronize import Event, Lock
+from multiprocessing.synchronize import Event
 
 import uvloop
 
@@ -51,7 +51,6 @@ class WorkerJob:
     sock: socket.socket
     board: BoardSpec
     index: int
-    lock: Lock
     listening: Event
     metrics_dir: str
 
@@ -72,7 +71,7 @@ def worker_main(job: WorkerJob) -> None:
 async def _worker(job: WorkerJob) -> None:
     lifecycle = Lifecycle(signals=(signal.SIGTERM,))
     lifecycle.install()
-    board = LoadBoard(job.board, job.index, job.lock)
+    board = LoadBoard(job.board, job.index)
     settings = Settings.model_validate(job.settings)
     metrics = GatewayMetrics(job.metrics_dir)
     budget = current_budget(settings.limits.fd_reserve)
@@ -109,8 +108,7 @@ class WorkerSet:
         self._backends = backends
         self._sock = sock
         self._metrics_dir = metrics_dir
-        self._lock = self._ctx.Lock()
-        self.board = LoadBoard.create(count, len(backends), self._lock)
+        self.board = LoadBoard.create(count, len(backends))
         self._procs: list[SpawnProcess | None] = [None] * count
         self._listening: list[Event] = [self._ctx.Event() for _ in range(count)]
         self.replaced = 0
@@ -118,7 +116,7 @@ class WorkerSet:
     def _start(self, index: int) -> None:
         self._listening[index] = self._ctx.Event()
         job = WorkerJob(
-            self._settings.model_dump(), self._backends, self._sock, self.board.spec, index, self._lock, self._listening[index], self._metrics_dir
+            self._settings.model_dump(), self._backends, self._sock, self.board.spec, index, self._listening[index], self._metrics_dir
         )
         proc = self._ctx.Process(target=worker_main, args=(job,), name=f"specgate-worker-{index}", daemon=False)
         proc.start()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ _ATTACHED: list[LoadBoard] = []
 
 @pytest.fixture
 def board() -> Iterator[LoadBoard]:
-    owner = LoadBoard.create(WORKERS, len(NAMES), multiprocessing.get_context("spawn").Lock())
+    owner = LoadBoard.create(WORKERS, len(NAMES))
     yield owner
     while _ATTACHED:
         _ATTACHED.pop().close()
@@ -36,7 +35,7 @@ def board() -> Iterator[LoadBoard]:
 
 def _attach(owner: LoadBoard, worker: int) -> LoadBoard:
     """The board as worker `worker` sees it (a worker process attaches the same way)."""
-    _ATTACHED.append(LoadBoard(owner.spec, worker, owner._lock))
+    _ATTACHED.append(LoadBoard(owner.spec, worker))
     return _ATTACHED[-1]
 
 
