@@ -20,7 +20,7 @@ ARG PYTHON_IMAGE=python:3.12.12-slim-trixie
 
 # ---- specgate's wheel, built once for both targets ------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
-# A C compiler for gateway/_sse.c, the relay's per-read check (3 us of CPU a relayed chunk less).
+# A C compiler for gateway/relay/_sse.c, the relay's per-read check (3 us of CPU a relayed chunk less).
 # The wheel builds without one too (pure Python), so the check after it makes sure the image has it.
 # The compiler is whatever the base image's Debian release ships: this stage is thrown away.
 # hadolint ignore=DL3008
@@ -35,7 +35,7 @@ COPY backends ./backends
 COPY loadtest ./loadtest
 COPY tokencount ./tokencount
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
- && python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/dist/*.whl')[0]).namelist(); sys.exit(not any(n.startswith('gateway/_sse.') and n.endswith('.so') for n in names))"
+ && python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/dist/*.whl')[0]).namelist(); sys.exit(not any(n.startswith('gateway/relay/_sse.') and n.endswith('.so') for n in names))"
 
 # ---- gateway-only ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS gateway-venv

@@ -1,4 +1,4 @@
-"""Hatch build hook: compile gateway/_sse.c, the relay's per-read check, into the wheel.
+"""Hatch build hook: compile gateway/relay/_sse.c, the relay's per-read check, into the wheel.
 
 setuptools' `build_ext` does the compiling, with the compiler and flags the running Python was
 built with. The extension is optional, as setuptools' `optional=True` makes it: without a C
@@ -16,12 +16,12 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-EXTENSION = "gateway._sse"
-SOURCE = "gateway/_sse.c"
+EXTENSION = "gateway.relay._sse"
+SOURCE = "gateway/relay/_sse.c"
 
 
 class CExtensionHook(BuildHookInterface):  # type: ignore[type-arg]
-    """Builds `gateway._sse` for the wheel (or in place, for an editable install)."""
+    """Builds `gateway.relay._sse` for the wheel (or in place, for an editable install)."""
 
     PLUGIN_NAME = "custom"
 
@@ -43,7 +43,7 @@ class CExtensionHook(BuildHookInterface):  # type: ignore[type-arg]
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         if version != "editable":
-            build_data["force_include"][str(built)] = f"gateway/{built.name}"
+            build_data["force_include"][str(built)] = f"gateway/relay/{built.name}"
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         shutil.rmtree(self._build_dir, ignore_errors=True)

@@ -27,9 +27,9 @@ from pathlib import Path
 import click
 
 from backends.sim.profiles import load_profile
-from gateway.policies import AdaptivePolicy
-from gateway.pool import BackendView, PoolSnapshot
-from gateway.policy import Completion
+from gateway.policies import Completion
+from gateway.policies.adaptive import AdaptivePolicy
+from gateway.pool.snapshot import BackendView, PoolSnapshot
 from benchmarks.output import publish
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -14,7 +14,7 @@ that request alone. Levels run in order 1, 2, 4, ..., 128 as the envelope runs t
 rule's memory (each group's recent load) carries over.
 
 Targets, each on the same K groups of GPUs: plain DP, EAGLE DP and adaptive DP (one server per
-group, least-in-flight balancer), and `gateway.policies.group_choice.choose` with both servers per group,
+group, least-in-flight balancer), and `gateway.policies.adaptive.rules.choose` with both servers per group,
 given the profile's true TPOT lines, then lines, slopes or tau 15% off, then less one of its parts,
 and today's co-located rule for comparison (HEADER says which is which).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 import click
 
 from backends.sim.profiles import Profile, RoleProfile, load_profile
-from gateway.policies.group_choice import BackendState, TpotLine, choose
+from gateway.policies.adaptive.rules import BackendState, TpotLine, choose
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 PROMPT, OUTPUT = 128, 128
@@ -272,7 +272,7 @@ throughput / the best of plain DP, EAGLE DP and adaptive DP (K servers behind a 
 balancer); TPOT p50 / the lowest of those carrying the load (within 10% of the best throughput).
 Absolute tok/s are modelled at time scale 1.
 
-Targets: `rule` is gateway/policies/group_choice.py given the profile's true TPOT lines. `slopes +-15%` and
+Targets: `rule` is gateway/policies/adaptive/rules.py given the profile's true TPOT lines. `slopes +-15%` and
 `lines +-15%` give it lines whose slopes, or whole lines, are off by 15% (worst of the four EAGLE/plain
 combinations at each level); `tau +-15%` an acceptance length 15% off. `without recent load` and
 `without stay` are the rule less one of its parts; `without progress` is the rule told that every

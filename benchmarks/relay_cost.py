@@ -34,11 +34,11 @@ import uvloop
 from prometheus_client import CollectorRegistry, Histogram
 
 from benchmarks.output import interpreter, publish
-from gateway.body_writer import BodyWriter
-from gateway.metrics import GapBuffer
-from gateway.pool import Backend, Pool
-from gateway import relay
-from gateway.wire import Connection, WireResponse
+from gateway.edge.body_writer import BodyWriter
+from gateway.pool.backends import Backend, Pool
+from gateway.relay import sse as relay
+from gateway.relay.gaps import GapBuffer
+from gateway.upstream.http11 import Connection, WireResponse
 
 # A chat chunk as SGLang 0.5 streams it (one token of content, usage null).
 CHUNK = b"data: " + orjson.dumps({
@@ -169,7 +169,7 @@ def main() -> None:
         f"A {len(CHUNK)}-byte SGLang chat chunk per read, relayed to a client whose socket drops the bytes; best of "
         "the runs, each interpreter in its own process, alternating. The socket calls every proxy pays per chunk "
         "(read, write, poll) are not included. Pushed: whole token chunks relayed by the C extension "
-        "(`gateway/_sse.c`'s TokenSink); pushed, Python rule: the same relay without it.",
+        "(`gateway/relay/_sse.c`'s TokenSink); pushed, Python rule: the same relay without it.",
         "",
         "| interpreter | relay | µs per chunk | against pulled | against the first interpreter |",
         "|---|---|---|---|---|",

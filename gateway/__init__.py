@@ -1,3 +1,3 @@
-"""specgate's front door: an OpenAI-compatible gateway routing between an EAGLE-3 and a plain SGLang server."""
+"""specgate's front door: an OpenAI-compatible gateway routing each request to EAGLE-3 or plain SGLang servers."""
 
 __version__ = "0.1.0"

@@ -7,7 +7,6 @@ never drift from the truth.
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -17,13 +16,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.pool import Pool
+from gateway.pool.backends import Pool
 from gateway.tiers import TIERS
-
-try:
-    from gateway._sse import GapCounts  # the relay's hot path in C (gateway/_sse.c)
-except ImportError:  # built without a C compiler
-    GapCounts = None
 
 # Latency buckets spanning a sub-millisecond gateway hop to multi-minute queueing under overload.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
@@ -35,8 +29,8 @@ M = TypeVar("M", Counter, Histogram)
 class Labelled(Generic[M]):
     """A labelled metric whose child per label set is looked up once.
 
-    prometheus_client's `labels()` validates, converts and locks on every call: 1.4 us against 0.4
-    for a cached child's `inc()`, with six such calls per proxied request.
+    prometheus_client's `labels()` validates, converts and locks on every call, several times a
+    proxied request (docs/benchmarks/design-notes.md#metrics).
     """
 
     __slots__ = ("metric", "_children")
@@ -115,58 +109,6 @@ class _BudgetCollector(Collector):
         yield GaugeMetricFamily("specgate_client_connections", "Open client connections", value=self._connections())
 
 
-class _GapCounts:
-    """gateway._sse.GapCounts in Python, for a build without the C extension."""
-
-    __slots__ = ("_bounds", "_counts", "_sum")
-
-    def __init__(self, bounds: list[float]) -> None:
-        self._bounds = bounds
-        self._counts = [0] * len(bounds)
-        self._sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self._counts[bisect.bisect_left(self._bounds, seconds)] += 1
-        self._sum += seconds
-
-    def take(self) -> tuple[list[int], float]:
-        taken = self._counts, self._sum
-        self._counts, self._sum = [0] * len(self._bounds), 0.0
-        return taken
-
-
-class GapBuffer:
-    """One stream's inter-token gaps for a histogram series, added to it in one go when the stream ends.
-
-    An observe into prometheus_client's histogram costs 1.5 us, 5.4 us in multiprocess mode (a
-    locked write to a file per bucket); once per relayed chunk that was a large share of the relay's
-    own work. Here `observe(seconds)` counts a gap in the first bucket whose bound is at least
-    `seconds`, as Histogram.observe does: a C call (`gateway._sse.GapCounts`, which the C relay calls
-    without a Python frame; about 20 ns a gap against 140 for the Python method, timeit on Debian's
-    python3.11) or, without the C extension, a bisect in Python. `flush` adds the counts once per stream, through the series' own
-    bucket values (prometheus_client keeps them per bucket, not cumulative).
-    """
-
-    __slots__ = ("_series", "_gaps", "observe")
-
-    def __init__(self, series: Histogram) -> None:
-        self._series = series
-        bounds: list[float] = list(series._upper_bounds)  # type: ignore[attr-defined]
-        self._gaps = _GapCounts(bounds) if GapCounts is None else GapCounts(bounds)
-        self.observe: Callable[[float], None] = self._gaps.observe
-
-    def flush(self) -> None:
-        """Add the gaps counted so far to the series."""
-        counts, total = self._gaps.take()
-        if not any(counts):
-            return
-        buckets = self._series._buckets  # type: ignore[attr-defined]
-        for index, count in enumerate(counts):
-            if count:
-                buckets[index].inc(count)
-        self._series._sum.inc(total)  # type: ignore[attr-defined]
-
-
 class GatewayMetrics:
     """Every metric of one gateway instance, in its own registry.
 
@@ -184,8 +126,8 @@ class GatewayMetrics:
             # and the directory, a process-wide setting, whenever a series is made).
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiprocess_dir
             # Its pid is read once: prometheus_client asks for it at every update (a getpid() system
-            # call, 20% of an update: 0.89 -> 0.72 us a counter, 2.03 -> 1.58 us a histogram) to notice
-            # a fork, and gateway processes are spawned, never forked after this.
+            # call, docs/benchmarks/design-notes.md#metrics) to notice a fork, and gateway processes
+            # are spawned, never forked after this.
             pid = os.getpid()
             values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)
             self._exposed = CollectorRegistry()

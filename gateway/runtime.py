@@ -1,27 +1,31 @@
 """The live state of one gateway: pool, policy, upstream clients, health checker and metrics.
 
-Everything the request path needs hangs off one `Runtime` object stored on the app, so a test
-can build as many independent gateways as it likes.
+Everything the request path needs hangs off one `Runtime` object stored on the app, so a test can
+build as many independent gateways as it likes. What the policy learns is fed to it where a
+completion is recorded (`learn`), never on the routing path; with several workers a completion goes
+through the board's ring, and each worker replays the others' between requests (`catch_up`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from gateway.config import BackendConfig, Settings
-from gateway.fdbudget import DescriptorBudget, current_budget
-from gateway.health import HealthChecker
+from gateway.edge.descriptors import DescriptorBudget, current_budget
 from gateway.metrics import GatewayMetrics
-from gateway.board import LoadBoard
-from gateway.native import RidTable
-from gateway.pacing import TurnPacer
-from gateway.policy import Completion, Policy
-from gateway.pool import Backend, Pool
-from gateway.response_homes import ResponseHomes
-from gateway.upstream import UpstreamClient
+from gateway.policies import Completion, Policy
+from gateway.pool.affinity import ResponseHomes, RidTable
+from gateway.pool.backends import Backend, Pool
+from gateway.pool.board import Board
+from gateway.pool.health import HealthChecker
+from gateway.relay.pacing import TurnPacer
+from gateway.upstream.client import UpstreamClient
 
 ENDPOINTS = ("chat", "completions", "generate", "responses", "ollama_chat", "ollama_generate")
-REQUESTS_PER_TURN = 4  # proxied requests that start per turn of the event loop (gateway/pacing.py)
+REQUESTS_PER_TURN = 4  # proxied requests that start per turn of the event loop (relay/pacing.py)
+CATCH_UP_SECONDS = 0.05  # how stale another worker's completion may be when this one routes
 
 
 class Runtime:
@@ -35,11 +39,11 @@ class Runtime:
         metrics: GatewayMetrics,
         budget: DescriptorBudget | None = None,
         *,
-        board: LoadBoard | None = None,
+        board: Board | None = None,
         poll_health: bool = True,
     ) -> None:
-        """`board`: shared with the gateway's other workers (gateway/board.py); `poll_health=False`:
-        another process runs the gateway's health checks."""
+        """`board`: shared with the gateway's other workers (pool/board.py; default: this process's
+        own); `poll_health=False`: another process runs the gateway's health checks."""
         self.settings = settings
         self.budget = budget or current_budget(settings.limits.fd_reserve)
         # The HTTP server's live client connections (uvicorn's set), once `specgate serve` attaches it.
@@ -50,7 +54,8 @@ class Runtime:
             [
                 Backend(b.name, b.url.rstrip("/"), b.speculative, served_model_name=b.served_model_name, group=b.group or "")
                 for b in backends
-            ]
+            ],
+            board,
         )
         self.upstreams = {
             b.name: UpstreamClient(
@@ -61,13 +66,12 @@ class Runtime:
             )
             for b in backends
         }
-        if board is not None:
-            self.pool.attach_board(board)
-            if policy.lane is not None:
-                policy.lane.share(board)  # the lane is the gateway's, whichever worker saw the priority request
+        if policy.lane is not None:
+            policy.lane.share(self.pool.board)  # the lane is the gateway's, whichever worker saw the priority request
         policy.attach(self.pool.snapshot)
         self.health = HealthChecker(self.pool, self.upstreams, settings.health, poll=poll_health)
         self._draining = False
+        self._catching_up: asyncio.Task[None] | None = None
         self.response_homes = ResponseHomes()  # which backend holds each stored Responses API response
         self.requests: set[Any] = set()  # proxied requests in progress (`ProxyResponse`), to end them on shutdown
         self.pacer = TurnPacer(REQUESTS_PER_TURN)
@@ -76,14 +80,21 @@ class Runtime:
         metrics.watch(self.pool, self.beliefs)
         metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))
 
-    async def start(self) -> None:
-        """Open upstream connection pools and start health checking."""
+    async def start(self, *, serving: bool = True) -> None:
+        """Open upstream connection pools and start health checking; `serving` (a process that routes):
+        also keep its policy caught up with the completions other workers record."""
         for upstream in self.upstreams.values():
             await upstream.start()
         self.health.start()
+        if serving:
+            self._catching_up = asyncio.create_task(self._keep_caught_up(), name="catch-up")
 
     async def stop(self) -> None:
         """Stop health checking and close every upstream connection."""
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catching_up
         await self.health.stop()
         for upstream in self.upstreams.values():
             await upstream.close()
@@ -91,7 +102,7 @@ class Runtime:
     @property
     def draining(self) -> bool:
         """True once this process, or with several workers the gateway's parent, began shutting down."""
-        return self._draining or (self.pool.board is not None and self.pool.board.draining)
+        return self._draining or self.pool.board.draining
 
     @draining.setter
     def draining(self, value: bool) -> None:
@@ -112,22 +123,21 @@ class Runtime:
             response.interrupt()
 
     def learn(self, completion: Completion) -> None:
-        """Teach the policy a finished response; with several workers, every worker's policy learns it."""
-        board = self.pool.board
-        if board is None:
-            self.policy.observe(completion)
-            return
-        board.publish(_record(self.pool[completion.backend].index, completion))
+        """Record a finished response for every worker's policy and teach it to this one's, with
+        whatever the other workers recorded before it (every policy learns in the same order)."""
+        self.pool.board.publish(_record(self.pool[completion.backend].index, completion))
         self.catch_up()
 
     def catch_up(self) -> None:
-        """Replay the completions other workers published since the last call (in publication order)."""
-        board = self.pool.board
-        if board is None:
-            return
+        """Teach the policy the completions recorded since the last call (in publication order)."""
         names = self.pool.names
-        for record in board.unread():
+        for record in self.pool.board.unread():
             self.policy.observe(_completion(names, record))
+
+    async def _keep_caught_up(self) -> None:
+        while True:
+            await asyncio.sleep(CATCH_UP_SECONDS)
+            self.catch_up()
 
     def beliefs(self) -> dict[str, Any]:
         """What the policy currently believes (empty for static policies)."""
@@ -151,7 +161,7 @@ class Runtime:
 
 
 def _record(index: int, c: Completion) -> tuple[float, ...]:
-    """A completion as a board record (gateway/board.py's layout)."""
+    """A completion as a board record (pool/board.py's layout)."""
     return (index, c.output_tokens, c.ttft, c.decode_seconds, c.mean_inflight, c.mean_group_inflight, c.token_chunks)
 
 

@@ -27,13 +27,13 @@ from backends.fdlimit import raise_nofile_limit
 from backends.plan import build_plan
 from backends.resolve import PlanError
 from backends.supervisor import Supervisor, SupervisorError
-from gateway import relay
 from gateway.config import BackendConfig, Settings, load_settings
-from gateway.fdbudget import DescriptorBudget, inflight_cap_warning, plan_budget
+from gateway.edge.descriptors import DescriptorBudget, inflight_cap_warning, plan_budget
 from gateway.metrics import GatewayMetrics
-from gateway.policies import make_policy
+from gateway.policies.factory import make_policy
+from gateway.relay import sse as relay
 from gateway.runtime import Runtime
-from gateway.server import Lifecycle, Stopped, announce, serve_http
+from gateway.http_server import Lifecycle, Stopped, announce, serve_http
 from gateway.workers import serve_workers
 
 log = logging.getLogger("specgate")
@@ -70,7 +70,7 @@ async def run(settings: Settings) -> None:
     """Run the gateway until a stop signal; every process started here is stopped before returning."""
     budget = _descriptor_budget(settings)  # before any socket, and before the backends inherit it
     if relay.TokenSink is None:
-        log.warning("gateway._sse is not built (no C compiler at install): the relay checks each event in Python, about 3 us of CPU a chunk more")
+        log.warning("gateway.relay._sse is not built (no C compiler at install): the relay checks each event in Python, at more CPU a chunk")
     lifecycle = Lifecycle()
     lifecycle.install()
     policy = make_policy(settings.resolved_policy)
@@ -149,7 +149,7 @@ def _overrides(host: str | None, port: int | None, policy: str | None, threshold
 @click.option("--workers", type=click.IntRange(1, 64), help="worker processes (default: one per core, at most 8)")
 def serve_command(config_path: Path | None, host: str | None, port: int | None, policy: str | None,
                   threshold: int | None, eagle_max_inflight: int | None, log_level: str | None, workers: int | None) -> None:
-    """Serve the OpenAI-compatible gateway in front of an EAGLE-3 and a plain SGLang server."""
+    """Serve the OpenAI-compatible gateway in front of EAGLE-3 and plain SGLang servers."""
     try:
         settings = load_settings(config_path, **_overrides(host, port, policy, threshold, eagle_max_inflight, log_level, workers))
     except (ValidationError, FileNotFoundError, tomllib.TOMLDecodeError, ValueError) as exc:

@@ -2,21 +2,18 @@
 
 A request names its tier in the body (`service_tier`, as OpenAI's API does) or, for clients that
 cannot set that field, in the `x-specgate-service-tier` header; the body wins when both are given.
-`auto` and `default` are today's routing; `priority` gets the fastest predicted option and a
-lane on the EAGLE servers that default traffic leaves free while priority traffic is present;
-`flex` goes where it costs the node least (plain decode) and is the first refused under overload.
-The routing rules are in gateway/policies/tier_rules.py; this module holds what the HTTP edge
-needs: the names, reading a request's tier, echoing it in responses, flex's admission and
-SGLang's own `priority` value for each tier.
+`auto` and `default` route as untiered requests do; `priority` gets the fastest predicted option and
+a lane on the EAGLE servers; `flex` goes where it costs the node least and is the first refused
+under overload. The routing rules are the policies' (`policies/lane.py`); this module holds what
+the HTTP edge needs: the names, reading a request's tier, flex's admission, the response header,
+and SGLang's own `priority` value for each tier.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Literal
 
-import orjson
 
 from gateway.errors import OpenAIError
 
@@ -79,33 +76,3 @@ def admit_tier(tier: Tier, inflight: int, limit: int, flex_share: float) -> None
 def tier_header(tier: Tier) -> tuple[bytes, bytes]:
     """The response header that names the tier served."""
     return TIER_HEADER.encode(), tier.encode()
-
-
-def echo_json(payload: bytes, tier: Tier) -> bytes:
-    """A JSON response body with `service_tier` set to the tier served (unchanged if not an object)."""
-    try:
-        body = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return payload
-    if not isinstance(body, dict):
-        return payload
-    body[TIER_FIELD] = tier
-    return orjson.dumps(body)
-
-
-def stream_echo(tier: Tier) -> Callable[[bytes], bytes]:
-    """What puts `"service_tier": tier` in each chunk event of a stream (see `echo_stream_event`)."""
-    field = b'"service_tier":"' + tier.encode() + b'",'
-    return lambda event: echo_stream_event(event, field)
-
-
-def echo_stream_event(event: bytes, field: bytes) -> bytes:
-    """One `data: {...}` SSE event with `field` (a `"key":"value",` member) as its object's first member.
-
-    Splicing the bytes keeps the relay's exact-bytes forwarding (no re-encoding); an event that
-    already names a tier is left as it is.
-    """
-    start = event.find(b"{")
-    if start < 0 or b'"service_tier"' in event or event[start + 1 : start + 2] == b"}":
-        return event
-    return event[: start + 1] + field + event[start + 1 :]

@@ -1,7 +1,7 @@
 """`[server] workers` > 1: worker processes sharing one listening socket, and the parent that keeps them.
 
 The parent binds the socket, starts the backends, runs the gateway's one health checker and owns
-the load board (gateway/board.py); each worker (a spawned process) serves HTTP on the inherited
+the load board (gateway/pool/board.py); each worker (a spawned process) serves HTTP on the inherited
 socket with its own runtime attached to the board, so routing sees the whole gateway's load and
 every worker's policy learns from every completion. The parent replaces a worker that dies
 (clearing its board row first) and, on SIGTERM or Ctrl-C, marks the gateway draining and passes
@@ -28,13 +28,13 @@ from multiprocessing.synchronize import Event
 
 import uvloop
 
-from gateway.board import BoardSpec, LoadBoard
 from gateway.config import BackendConfig, Settings
-from gateway.fdbudget import DescriptorBudget, current_budget
+from gateway.edge.descriptors import DescriptorBudget, current_budget
 from gateway.metrics import GatewayMetrics
-from gateway.policies import make_policy
+from gateway.policies.factory import make_policy
+from gateway.pool.board import BoardSpec, LoadBoard
 from gateway.runtime import Runtime
-from gateway.server import Lifecycle, Stopped, announce, serve_http
+from gateway.http_server import Lifecycle, Stopped, announce, serve_http
 
 log = logging.getLogger("specgate.workers")
 
@@ -207,7 +207,7 @@ async def serve_workers(
     """
     workers = WorkerSet(settings, backends, sock, count, metrics_dir)
     runtime = Runtime(settings, backends, make_policy(settings.resolved_policy), metrics, budget, board=workers.board)
-    await runtime.start()  # upstream pools and the gateway's one health checker
+    await runtime.start(serving=False)  # upstream pools and the gateway's one health checker
     try:
         workers.start()
         try:

@@ -1,34 +1,130 @@
-"""The routing policies behind `gateway.policy.Policy`, and `make_policy` to build the configured one.
+"""The routing decision: the `Policy` interface, `Decision`, `Completion`, and `route`.
 
-`static` holds the fixed rules (threshold, spill: one EAGLE + plain pair), `adaptive` the learning
-one (K GPU groups), with `group_choice` its pure (group, mode) rule, `adaptive_state` what it keeps
-per backend and reports per group, and `tpot_fit` the robust TPOT-vs-load fit it learns with;
-`tier_rules` is how a request's service tier changes any of them.
+A policy has three steps, each called from one place: `choose(snapshot, tier)`, a pure function of
+a `PoolSnapshot`, the request's service tier and what it has learned (so each rule can be tested
+with plain data); `routed(snapshot, decision)`, once per request after its slot was taken;
+`observe(completion)`, learning from a finished response. `route` adds what every policy shares
+(the forced-route header, falling back when the chosen backend cannot serve); `failover` moves a
+request whose backend could not be reached. One module per policy beside this face: `static.py`
+(threshold, spill), `adaptive/`, `lane.py` (the tiers' lane), `factory.py` (`make_policy`).
+May import `gateway.pool`, `gateway.tiers` and `gateway.config`.
 """
 
 from __future__ import annotations
 
-from gateway.config import PolicyConfig
-from gateway.policies.adaptive import AdaptivePolicy
-from gateway.policies.static import SpillPolicy, ThresholdPolicy
-from gateway.policies.tier_rules import TierSettings
-from gateway.policy import Policy
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.policies.lane import TierLane
+from gateway.pool.snapshot import PoolSnapshot
+from gateway.tiers import DEFAULT, Tier
+
+MODE_EAGLE, MODE_PLAIN = "eagle", "plain"  # x-specgate-route values that name a mode, not a backend
+FAILOVER = "failover_retry"  # the reason label of a request moved after a connection failure
 
 
-def tier_settings(config: PolicyConfig) -> TierSettings:
-    """The service tiers' lane as the `[policy]` table's `tier_*` keys configure it."""
-    return TierSettings(config.tier_priority_headroom, config.tier_priority_slots, config.tier_priority_window)
+@dataclass(frozen=True)
+class Decision:
+    """Where a request goes, which rule sent it there, and the service tier it was decided for."""
+
+    backend: str
+    reason: str
+    tier: Tier = DEFAULT
+
+    @property
+    def label(self) -> str:
+        """The `reason` metric label: the rule, prefixed by the tier for priority and flex requests."""
+        return self.reason if self.tier == DEFAULT else f"{self.tier}:{self.reason}"
 
 
-def make_policy(config: PolicyConfig) -> Policy:
-    """Build the policy the `[policy]` table configures (pass `Settings.resolved_policy`)."""
-    if config.name == "threshold":
-        return ThresholdPolicy(config.threshold, tier_settings(config))
-    if config.name == "spill":
-        return SpillPolicy(config.eagle_max_inflight, tier_settings(config))
-    if config.name == "adaptive":
-        return AdaptivePolicy.from_config(config, tier_settings(config))
-    raise ValueError(f"unknown policy {config.name!r}")
+@dataclass(frozen=True)
+class Completion:
+    """What the gateway observed about one finished response; fed back to the policy."""
+
+    backend: str
+    output_tokens: int
+    ttft: float  # seconds from dispatch to the first content chunk
+    decode_seconds: float  # first to last content chunk
+    mean_inflight: float  # the backend's mean in-flight count while this request decoded
+    mean_group_inflight: float  # the same for all backends of its group (those sharing its GPUs)
+    token_chunks: int = 0  # stream chunks that carried generated tokens (EAGLE: tokens / chunks = acceptance length)
 
 
-__all__ = ["AdaptivePolicy", "SpillPolicy", "ThresholdPolicy", "make_policy"]
+class Policy(ABC):
+    """Routing policy interface."""
+
+    name: str
+    lane: TierLane | None = None  # the service tiers' lane, for a policy that keeps one
+
+    @abstractmethod
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+        """Pick a backend for one more request of service tier `tier`, given the pool as it is now
+        (before adding it).
+
+        Pure: reads the snapshot and the policy's beliefs, changes neither.
+        """
+
+    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:  # noqa: B027 - static policies keep no state
+        """Record a request placed as `decision` says on the pool `snapshot` showed; once per request.
+
+        Called for the policy's own decisions (fallback and failover included), never for forced routes;
+        `decision.tier` is the request's service tier.
+        """
+
+    def observe(self, completion: Completion) -> None:  # noqa: B027 - static policies learn nothing
+        """Learn from a finished response."""
+
+    def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:  # noqa: B027 - static policies need no live view
+        """Give the policy a live view of the pool, for beliefs that depend on the current load."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Policy name, parameters and beliefs, for /admin/status."""
+
+    def tiers(self) -> dict[str, Any] | None:
+        """The service tiers' state (the lane priority traffic keeps), for /admin/status; None: no tiers."""
+        return None
+
+
+def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None, tier: Tier = DEFAULT) -> Decision | None:
+    """Decide for one request of service tier `tier`; None when no backend can serve it.
+
+    `forced` (the x-specgate-route header, already validated) wins when it can be served: a backend
+    name, that backend; `eagle` or `plain` naming no backend, that mode (its least-loaded available
+    backend). A forced request is never silently moved, so it gets None otherwise.
+    """
+    if forced is not None:
+        target = forced_backend(snapshot, forced)
+        return Decision(target, "forced", tier) if target is not None else None
+    # Untiered requests ask as before, so a policy written before tiers still works.
+    decision = policy.choose(snapshot) if tier == DEFAULT else policy.choose(snapshot, tier)
+    if snapshot.get(decision.backend).available:
+        return replace(decision, tier=tier)
+    for other in snapshot.backends:
+        if other.available:
+            return Decision(other.name, "fallback_unavailable", tier)
+    return None
+
+
+def forced_backend(snapshot: PoolSnapshot, forced: str) -> str | None:
+    """The available backend a forced route names (see `route`), or None."""
+    names = {b.name for b in snapshot.backends}
+    if forced in names:
+        return forced if snapshot.get(forced).available else None
+    mode = [b for b in snapshot.backends if b.available and b.speculative == (forced == MODE_EAGLE)]
+    if forced not in (MODE_EAGLE, MODE_PLAIN) or not mode:
+        return None
+    return min(mode, key=lambda b: (b.inflight, snapshot.group_inflight(b), b.name)).name
+
+
+def failover(policy: Policy, snapshot: PoolSnapshot, failed: str, tier: Tier = DEFAULT) -> Decision | None:
+    """Where a request goes after `failed` refused its connection (already marked down in `snapshot`).
+
+    The policy decides again on the pool as it is now; None when that leaves no other backend.
+    """
+    decision = route(policy, snapshot, tier=tier)
+    if decision is None or decision.backend == failed:
+        return None
+    return Decision(decision.backend, FAILOVER, tier)

@@ -1,18 +1,18 @@
 """The fixed routing rules: `threshold` (total load) and `spill` (EAGLE's own load), with service tiers.
 
-Tiers (gateway/policies/tier_rules.py): a priority request goes to EAGLE while it holds fewer
-than its priority limit (threshold: the larger of the threshold and the lane's slots; spill: its
-cap), a flex request to plain; while priority traffic is present, spill's default traffic stops
-the lane's slots short of its cap. Without priority traffic both rules are exactly as before.
+A priority request goes to EAGLE while it holds fewer than its priority limit (threshold: the larger
+of the threshold and the lane's slots; spill: its cap), a flex request to plain; while priority
+traffic is present, spill's default traffic stops the lane's slots short of its cap. Without
+priority traffic both rules route exactly as their names say.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.policies.tier_rules import TierLane, TierSettings, static_choice
-from gateway.policy import Decision, Policy
-from gateway.pool import PoolSnapshot
+from gateway.policies import Decision, Policy
+from gateway.policies.lane import TierLane, TierSettings, static_choice
+from gateway.pool.snapshot import PoolSnapshot
 from gateway.tiers import DEFAULT, Tier
 
 

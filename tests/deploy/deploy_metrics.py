@@ -12,7 +12,7 @@ import re
 from prometheus_client.metrics_core import Metric
 
 from gateway.metrics import GatewayMetrics
-from gateway.pool import Backend, Pool
+from gateway.pool.backends import Backend, Pool
 
 _SGLANG_GAUGES = (
     "num_running_reqs", "num_queue_reqs", "num_grammar_queue_reqs", "gen_throughput", "cache_hit_rate",

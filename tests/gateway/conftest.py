@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from backends.testbed import GatewayProcess, start_gateway
-from gateway.wire import WireResponse
-from gateway.wire_pool import WirePool
+from gateway.upstream.connection_pool import WirePool
+from gateway.upstream.http11 import WireResponse
 
 
 def serving(env: dict[str, str]) -> Iterator[GatewayProcess]:

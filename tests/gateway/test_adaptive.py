@@ -12,11 +12,12 @@ import math
 import pytest
 
 from gateway.config import PolicyConfig
-from gateway.policies import AdaptivePolicy, make_policy
-from gateway.policies.adaptive import SPEC_PRIOR
-from gateway.policies.tpot_fit import Fit
-from gateway.policy import Completion, Decision, route
-from gateway.pool import BackendView, PoolSnapshot
+from gateway.policies import Completion, Decision, route
+from gateway.policies.adaptive import AdaptivePolicy
+from gateway.policies.adaptive.fit import Fit
+from gateway.policies.adaptive.policy import SPEC_PRIOR
+from gateway.policies.factory import make_policy
+from gateway.pool.snapshot import BackendView, PoolSnapshot
 
 MS = 1e-3
 # field-8gpu's lines (calibration.md), seconds: EAGLE (5.82 + 8.47n)/3, plain 4.53 + 1.294n.

@@ -2,20 +2,21 @@
 
 Each group is a co-located EAGLE + plain pair (`g0-eagle`, `g0-plain`, ...). Lines are field-8gpu's
 and llama8b-h100's (test_adaptive.py), trained with exact points, so every prediction can be worked
-out by hand. The group rule itself is gateway/policies/group_choice.py (test_group_choice.py).
+out by hand. The group rule itself is gateway/policies/adaptive/rules.py (test_group_choice.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.policies import AdaptivePolicy
-from gateway.policies.adaptive_state import RECENT_LOAD_RATE
-from gateway.policies.group_choice import BackendState, TpotLine
-from gateway.policies.group_choice import choose as group_choose
-from gateway.policies.tpot_fit import Fit
-from gateway.policy import Completion, Decision, route
-from gateway.pool import Backend, BackendView, Pool, PoolSnapshot
+from gateway.policies import Completion, Decision, route
+from gateway.policies.adaptive import AdaptivePolicy
+from gateway.policies.adaptive.fit import Fit
+from gateway.policies.adaptive.policy import RECENT_LOAD_RATE
+from gateway.policies.adaptive.rules import BackendState, TpotLine
+from gateway.policies.adaptive.rules import choose as group_choose
+from gateway.pool.backends import Backend, Pool
+from gateway.pool.snapshot import BackendView, PoolSnapshot
 from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN, LLAMA_EAGLE, LLAMA_PLAIN, MS, snap
 
 
@@ -95,7 +96,7 @@ def test_noisy_fits_of_identical_groups_do_not_pull_the_load_to_one_group() -> N
 
 
 def test_one_group_is_the_group_rule_on_its_own() -> None:
-    """With one group the policy asks group_choice exactly what the co-located rule asks."""
+    """With one group the policy asks the group rule exactly what the co-located rule asks."""
     policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)  # the speculation prior has faded
     for e, p in ((0, 0), (1, 0), (0, 1), (3, 0), (0, 5), (2, 2)):
         states = [

@@ -14,14 +14,14 @@ from typing import TypeVar
 
 import pytest
 
-from gateway.admission import admit, fail_over
-from gateway.board import BoardSpec, LoadBoard
 from gateway.config import BackendConfig, Settings
 from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
-from gateway.policies import ThresholdPolicy
-from gateway.pool import Health
-from gateway.proxy_job import ProxyJob
+from gateway.policies.static import ThresholdPolicy
+from gateway.pool.backends import Health
+from gateway.pool.board import BoardSpec, LoadBoard
+from gateway.proxy.admission import admit, fail_over
+from gateway.proxy.job import ProxyJob
 from gateway.runtime import Runtime
 
 NAMES = ("eagle", "plain")

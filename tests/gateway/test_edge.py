@@ -11,8 +11,8 @@ import pytest
 from gateway.app import create_app
 from gateway.config import BackendConfig, Settings
 from gateway.metrics import GatewayMetrics
-from gateway.policies import ThresholdPolicy
-from gateway.pool import Health
+from gateway.policies.static import ThresholdPolicy
+from gateway.pool.backends import Health
 from gateway.runtime import Runtime
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

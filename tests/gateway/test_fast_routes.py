@@ -9,9 +9,9 @@ import pytest
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.fast_routes import FastProxyRoutes
-from gateway.relay import _carries_tokens, tokens_by_bytes
-from gateway.schemas import ChatCompletionRequest, CompletionRequest, surely_valid
+from gateway.api.fast_path import FastProxyRoutes
+from gateway.api.schemas import ChatCompletionRequest, CompletionRequest, surely_valid
+from gateway.relay.sse import _carries_tokens, tokens_by_bytes
 from tests.gateway.test_edge import make_runtime
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -1,4 +1,4 @@
-"""The (group, mode) rule of gateway/policies/group_choice.py as a function of plain data."""
+"""The (group, mode) rule of gateway/policies/adaptive/rules.py as a function of plain data."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policies.group_choice import BackendState, TpotLine, choose
+from gateway.policies.adaptive.rules import BackendState, TpotLine, choose
 
 # field-8gpu's calibrated lines (ms per token): EAGLE step 5.82 + 8.47n at tau 3, plain 4.53 + 1.294n.
 # Their whole-load crossover is about 1.7 requests.

@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import SecretStr
 
 from gateway.config import HealthConfig, TimeoutConfig
-from gateway.health import HealthChecker
-from gateway.pool import Backend, Health, Pool
-from gateway.upstream import UpstreamClient
+from gateway.pool.backends import Backend, Health, Pool
+from gateway.pool.health import HealthChecker
+from gateway.upstream.client import UpstreamClient
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
 FAST = HealthConfig(ready_interval=0.02, ready_timeout=1.0, health_interval=0.1, health_timeout=1.0)

@@ -22,9 +22,9 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.body_writer import body_writer
-from gateway.client_watch import watch_client
-from gateway.http_protocol import GatewayHttpProtocol
+from gateway.edge.body_writer import body_writer
+from gateway.edge.client_watch import watch_client
+from gateway.edge.http_protocol import GatewayHttpProtocol
 
 LIMIT = 2048
 

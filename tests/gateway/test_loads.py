@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.engine_load import EngineLoad, parse_engine_load
-from gateway.loads import loads_prometheus, node_loads
-from gateway.pool import Backend, Pool
+from gateway.pool.backends import Backend, Pool
+from gateway.pool.engine_load import EngineLoad, parse_engine_load
+from gateway.pool.node_load import loads_prometheus, node_loads
 from tests.gateway.test_edge import assert_openai_error, client_for, make_runtime
 
 

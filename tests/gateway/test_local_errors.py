@@ -11,9 +11,8 @@ import sys
 import pytest
 
 from backends.fdlimit import NofileLimit
-from gateway.fdbudget import DESCRIPTORS_PER_REQUEST, hard_limit_warning, inflight_cap_warning, plan_budget
-from gateway.local_errors import LocalResourceError, local_kind
-from gateway.wire import ConnectFailed
+from gateway.edge.descriptors import DESCRIPTORS_PER_REQUEST, hard_limit_warning, inflight_cap_warning, plan_budget
+from gateway.upstream.errors import ConnectFailed, LocalResourceError, local_kind
 
 def _connector_error(code: int) -> ConnectFailed:
     """The upstream client's connect failure, caused by an OSError of `code` (as the pool raises it)."""

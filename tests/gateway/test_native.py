@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.native import NATIVE, MAX_WEIGHT, NativeChunkReader, NativeInputError, RelayedError, RidTable, parse_native
-from gateway.pool import Backend, Pool
+from gateway.dialects.native import MAX_WEIGHT, NATIVE, NativeChunkReader, NativeInputError, RelayedError, parse_native
+from gateway.pool.affinity import RidTable
+from gateway.pool.backends import Backend, Pool
 
 
 @pytest.mark.parametrize(

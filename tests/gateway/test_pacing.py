@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.pacing import TurnPacer
+from gateway.relay.pacing import TurnPacer
 
 
 class TurnCounter:

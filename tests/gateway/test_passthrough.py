@@ -13,7 +13,7 @@ from gateway.app import create_app
 from gateway.config import Settings
 from gateway.metrics import GatewayMetrics
 from gateway.policies.static import ThresholdPolicy
-from gateway.pool import Health
+from gateway.pool.backends import Health
 from gateway.runtime import Runtime
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 

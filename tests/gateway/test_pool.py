@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from gateway.pool import Backend, DecodeWindow, Health, Pool, Slot
+from gateway.pool.backends import Backend, DecodeWindow, Health, Pool, Slot
+from gateway.pool.board import AREA, INFLIGHT, SINCE
 
 
 def make_pool() -> Pool:
@@ -37,13 +38,17 @@ def test_snapshot_reflects_availability_and_load() -> None:
     assert snap.total_inflight == 1 and snap.get("plain").inflight == 1
 
 
-def test_load_area_integrates_inflight_over_time() -> None:
-    backend = Backend("eagle", "http://e", True)
-    backend._load_since = 100.0
-    backend.inflight = 0
+def test_load_area_integrates_inflight_over_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("gateway.pool.backends.time.monotonic", lambda: clock[0])
+    pool = Pool([Backend("eagle", "http://e", True)])
+    backend = pool["eagle"]
     assert backend.load_area(110.0) == 0.0
-    backend.inflight = 3
+    held = [pool.acquire("eagle") for _ in range(3)]  # three in flight from t=100
     assert backend.load_area(110.0) == 30.0
+    clock[0] = 110.0
+    held.pop().release()
+    assert backend.load_area(120.0) == 30.0 + 20.0
 
 
 async def test_wait_idle() -> None:
@@ -80,6 +85,8 @@ def test_a_slot_cannot_move_once_tokens_arrived() -> None:
 def set_load(backend: Backend, since: float, inflight: int) -> None:
     """Make the backend's load integral exactly computable: `inflight` held from `since` on."""
     backend._load_area, backend._load_since, backend.inflight = 0.0, since, inflight
+    for field, value in ((AREA, 0.0), (SINCE, since), (INFLIGHT, inflight)):
+        backend.board.write(backend.index, field, value)
 
 
 def test_decode_window_is_the_mean_load_between_first_and_last_token() -> None:
@@ -102,7 +109,7 @@ def test_decode_window_is_the_mean_load_between_first_and_last_token() -> None:
 
 def test_decode_window_follows_load_changes_between_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr("gateway.pool.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("gateway.pool.backends.time.monotonic", lambda: clock[0])
     pool = Pool([Backend("eagle", "http://e", True)])
     slot = pool.acquire("eagle")
     pool.acquire("eagle")  # two in flight from t=0

@@ -16,15 +16,16 @@ import orjson
 
 from backends.fdlimit import NofileLimit
 from gateway.config import Settings
-from gateway.fdbudget import plan_budget
+from gateway.edge.descriptors import plan_budget
 from gateway.metrics import GatewayMetrics
-from gateway.policies import ThresholdPolicy
-from gateway.policy import Completion, Decision
-from gateway.pool import Health, PoolSnapshot
-from gateway.proxy import ProxyResponse
-from gateway.proxy_job import ProxyJob
+from gateway.policies import Completion, Decision
+from gateway.policies.static import ThresholdPolicy
+from gateway.pool.backends import Health
+from gateway.pool.snapshot import PoolSnapshot
+from gateway.proxy.exchange import ProxyResponse
+from gateway.proxy.job import ProxyJob
 from gateway.runtime import Runtime
-from gateway.wire import ConnectFailed
+from gateway.upstream.errors import ConnectFailed
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
 

@@ -2,8 +2,8 @@
 
 Every test runs every way the relay can run: pulling events in the request's task and awaiting
 `send` for each, and pushed from the upstream connection's read callback through the server's
-body writer (`gateway/body_writer.py`), here on a stand-in for uvicorn's request cycle; pushed
-both with the per-read check in C (`gateway/_sse.c`) and as a build without it runs.
+body writer (`gateway/edge/body_writer.py`), here on a stand-in for uvicorn's request cycle; pushed
+both with the per-read check in C (`gateway/relay/_sse.c`) and as a build without it runs.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway import relay
-from gateway.body_writer import EXTENSION, BodyWriter, body_writer
-from gateway.relay import DONE, relay_stream
-from gateway.wire import MAX_FRAME, Connection, WireResponse
+from gateway.edge.body_writer import EXTENSION, BodyWriter, body_writer
+from gateway.relay import sse as relay
+from gateway.relay.sse import DONE, relay_stream
+from gateway.upstream.http11 import MAX_FRAME, Connection, WireResponse
 
 
 class Flow:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import PolicyConfig
-from gateway.policies import AdaptivePolicy, SpillPolicy, ThresholdPolicy, make_policy
-from gateway.policy import Decision, failover, route
-from gateway.pool import BackendView, PoolSnapshot
+from gateway.policies import Decision, failover, route
+from gateway.policies.adaptive import AdaptivePolicy
+from gateway.policies.factory import make_policy
+from gateway.policies.static import SpillPolicy, ThresholdPolicy
+from gateway.pool.snapshot import BackendView, PoolSnapshot
 
 
 def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True) -> PoolSnapshot:

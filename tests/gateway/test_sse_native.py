@@ -1,4 +1,4 @@
-"""The relay's C sink (`gateway/_sse.c`) takes exactly the reads whose every event tokens_by_bytes calls a token chunk.
+"""The relay's C sink (`gateway/relay/_sse.c`) takes exactly the reads whose every event tokens_by_bytes calls a token chunk.
 
 Everything the sink does with such a read is checked end to end in tests/gateway/test_relay.py, which
 runs every relay test with the sink and without it.
@@ -12,9 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway import relay
-from gateway._sse import TokenSink  # CI builds it (.ci/run installs with a C compiler)
-from gateway.relay import StreamResult, tokens_by_bytes
+from gateway.relay import StreamResult
+from gateway.relay import sse as relay
+from gateway.relay._sse import TokenSink
+from gateway.relay.sse import tokens_by_bytes
 
 
 

@@ -8,10 +8,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.dialect import OLLAMA, RESPONSES
+from gateway.dialects.ollama import OLLAMA
+from gateway.dialects.responses import RESPONSES
+from gateway.pool.affinity import ResponseHomes, response_id_for
 from gateway.relay import StreamResult
-from gateway.response_homes import ResponseHomes, response_id_for
-from gateway.wire import WireResponse
+from gateway.upstream.http11 import WireResponse
 
 
 def typed(kind: str, **fields: Any) -> bytes:

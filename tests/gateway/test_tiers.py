@@ -13,22 +13,14 @@ import pytest
 from backends.config import LaunchConfig
 from backends.sglang_args import PRIORITY_SCHEDULING_FLAG, with_priority_scheduling
 from gateway.config import PolicyConfig, Settings
+from gateway.dialects.openai import echo_json, stream_echo
 from gateway.errors import OpenAIError
-from gateway.policies import make_policy
+from gateway.policies import Decision, failover, route
 from gateway.policies.adaptive import AdaptivePolicy
+from gateway.policies.factory import make_policy
+from gateway.policies.lane import FLEX_PLAIN, PRIORITY_EAGLE, TierLane, TierSettings
 from gateway.policies.static import SpillPolicy, ThresholdPolicy
-from gateway.policies.tier_rules import FLEX_PLAIN, PRIORITY_EAGLE, TierLane, TierSettings
-from gateway.policy import Decision, failover, route
-from gateway.tiers import (
-    DEFAULT,
-    FLEX,
-    PRIORITY,
-    admit_tier,
-    echo_json,
-    flex_admitted,
-    requested_tier,
-    stream_echo,
-)
+from gateway.tiers import DEFAULT, FLEX, PRIORITY, admit_tier, flex_admitted, requested_tier
 from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN, LLAMA_EAGLE, LLAMA_PLAIN, shared, snap, steady, trained
 
 

@@ -11,8 +11,8 @@ import httpx
 import orjson
 
 from gateway.app import create_app
-from gateway.proxy import ProxyResponse
-from gateway.proxy_job import ProxyJob
+from gateway.proxy.exchange import ProxyResponse
+from gateway.proxy.job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.tiers import DEFAULT, FLEX, Tier
 from tests.gateway.fake_backend import MODEL, FakeBackend, serving

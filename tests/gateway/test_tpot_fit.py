@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.policies.tpot_fit import EstimatorConfig, Fit, TpotEstimator
+from gateway.policies.adaptive.fit import EstimatorConfig, Fit, TpotEstimator
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,8 @@ import asyncio
 import pytest
 
 from gateway.config import TimeoutConfig
-from gateway.local_errors import LocalResourceError, local_kind
-from gateway.upstream import UpstreamClient, UpstreamStatusError
-from gateway.wire import ConnectFailed
+from gateway.upstream.client import UpstreamClient
+from gateway.upstream.errors import ConnectFailed, LocalResourceError, UpstreamStatusError, local_kind
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gateway.local_errors import LocalResourceError
-from gateway.wire import BadResponse, BodyDropped, ConnectFailed, Connection, WireResponse
-from gateway.wire_pool import WirePool
+from gateway.upstream.connection_pool import WirePool
+from gateway.upstream.errors import BadResponse, BodyDropped, ConnectFailed, LocalResourceError
+from gateway.upstream.http11 import Connection, WireResponse
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.board import LoadBoard
 from gateway.config import BackendConfig, Settings
-from gateway.engine_load import parse_engine_load
 from gateway.metrics import GatewayMetrics
-from gateway.policies import AdaptivePolicy
-from gateway.policy import Completion, Decision
-from gateway.pool import Backend, Health, Pool
+from gateway.policies import Completion, Decision
+from gateway.policies.adaptive import AdaptivePolicy
+from gateway.pool.backends import Backend, Health, Pool
+from gateway.pool.board import LoadBoard
+from gateway.pool.engine_load import parse_engine_load
 from gateway.runtime import Runtime
 
 WORKERS = 3
@@ -40,10 +40,7 @@ def _attach(owner: LoadBoard, worker: int) -> LoadBoard:
 
 
 def _pool(board: LoadBoard | None = None) -> Pool:
-    pool = Pool([Backend(name, f"http://{name}", name == "eagle") for name in NAMES])
-    if board is not None:
-        pool.attach_board(board)
-    return pool
+    return Pool([Backend(name, f"http://{name}", name == "eagle") for name in NAMES], board)
 
 
 def test_in_flight_counts_are_the_sums_of_every_worker_and_a_dead_worker_is_cleared(board: LoadBoard) -> None:

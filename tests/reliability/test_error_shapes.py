@@ -13,12 +13,12 @@ import httpx
 import orjson
 import pytest
 
+from gateway.api.redact import redact_server_info
 from gateway.app import create_app
 from gateway.config import BackendConfig, Settings
 from gateway.metrics import GatewayMetrics
-from gateway.pool import Health
-from gateway.redact import redact_server_info
-from gateway.policies import ThresholdPolicy
+from gateway.policies.static import ThresholdPolicy
+from gateway.pool.backends import Health
 from gateway.runtime import Runtime
 
 pytestmark = pytest.mark.reliability

@@ -21,8 +21,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.auth import SGLANG_ADMIN_PATHS
 from backends.testbed import SimFactory, start_gateway
+from gateway.edge.auth import SGLANG_ADMIN_PATHS
 from tests.aioserve import serving_app
 from tests.reliability.stack import JSON, Stack, gateway_env, running_stack, until
 

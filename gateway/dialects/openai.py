@@ -1,0 +1,121 @@
+"""OpenAI's chat and text completions as SGLang serves them: the base `Dialect` every API family refines.
+
+A dialect says, for one API family: where a body names its output limit (the policy's expected
+length), what the gateway adds before forwarding it, where a whole response keeps its token counts,
+how a stream is relayed and how errors reach the client. OpenAI's streams are SSE `data:` events
+ending in `[DONE]`; the response says which service tier served it when the client named one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.types import Send
+
+from gateway.errors import OpenAIError, upstream_error
+from gateway.relay import ChunkReader, StreamResult
+from gateway.relay.sse import DONE, read_openai_chunk, relay_stream
+from gateway.tiers import TIER_FIELD, Tier
+from gateway.upstream.http11 import WireResponse
+
+Body = dict[str, Any]
+_SSE = b"text/event-stream; charset=utf-8"
+
+
+def positive_int(value: Any) -> bool:
+    """Whether `value` is an int above zero (and not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+class Dialect:
+    """OpenAI's chat and text completions, as SGLang serves them; other APIs override what differs."""
+
+    stream_content_type: bytes = _SSE
+
+    def max_tokens(self, body: Body) -> int | None:
+        """The client's limit on output tokens per sequence, when it gave one: `max_completion_tokens`, else `max_tokens`."""
+        for key in ("max_completion_tokens", "max_tokens"):
+            value = body.get(key)
+            if positive_int(value):
+                return value  # type: ignore[no-any-return]
+        return None
+
+    def upstream_body(
+        self, body: Body, *, served_model: str | None, stream: bool, client_wants_usage: bool, request_id: str
+    ) -> Body:
+        """The JSON to send upstream: `model` rewritten, usage asked for, and a `rid` SGLang can abort by."""
+        body = dict(body)
+        if served_model:
+            body["model"] = served_model
+        if stream and not client_wants_usage:
+            # Token counts come from usage; the extra chunk is stripped from what the client sees.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        if "rid" not in body and body.get("n") in (None, 1):
+            body["rid"] = request_id  # lets SGLang's /abort_request and logs name this request
+        return body
+
+    def usage(self, response: Any) -> Body | None:
+        """Token counts (`prompt_tokens`, `completion_tokens`) of a whole decoded response body."""
+        if not isinstance(response, dict):
+            raise ValueError("not a JSON object")
+        return response.get("usage")
+
+    def chunk_reader(self) -> ChunkReader:
+        """A reader for one stream's events (it may keep state across them)."""
+        return read_openai_chunk
+
+    async def relay(self, resp: WireResponse, send: Send, **options: Any) -> StreamResult:
+        """Relay one upstream stream to the client (`relay_stream`'s keyword options)."""
+        return await relay_stream(resp, send, read=self.chunk_reader(), **options)
+
+    def stream_error(self, err: OpenAIError) -> bytes:
+        """The bytes that end a stream whose headers are already sent."""
+        return err.sse_event() + DONE
+
+    def upstream_error(self, status: int, payload: bytes) -> OpenAIError:
+        """The error the client gets for an upstream error response."""
+        return upstream_error(status, payload)
+
+
+class BodyOnlyModel(Dialect):
+    """An API whose body the gateway forwards with only `model` rewritten (no usage request, no `rid`)."""
+
+    def upstream_body(
+        self, body: Body, *, served_model: str | None, stream: bool, client_wants_usage: bool, request_id: str
+    ) -> Body:
+        return {**body, "model": served_model} if served_model else dict(body)
+
+
+OPENAI = Dialect()
+
+
+def echo_json(payload: bytes, tier: Tier) -> bytes:
+    """A JSON response body with `service_tier` set to the tier served (unchanged if not an object)."""
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload
+    if not isinstance(body, dict):
+        return payload
+    body[TIER_FIELD] = tier
+    return orjson.dumps(body)
+
+
+def stream_echo(tier: Tier) -> Callable[[bytes], bytes]:
+    """What puts `"service_tier": tier` in each chunk event of a stream (see `echo_stream_event`)."""
+    field = b'"service_tier":"' + tier.encode() + b'",'
+    return lambda event: echo_stream_event(event, field)
+
+
+def echo_stream_event(event: bytes, field: bytes) -> bytes:
+    """One `data: {...}` SSE event with `field` (a `"key":"value",` member) as its object's first member.
+
+    Splicing the bytes keeps the relay's exact-bytes forwarding (no re-encoding); an event that
+    already names a tier is left as it is.
+    """
+    start = event.find(b"{")
+    if start < 0 or b'"service_tier"' in event or event[start + 1 : start + 2] == b"}":
+        return event
+    return event[: start + 1] + field + event[start + 1 :]

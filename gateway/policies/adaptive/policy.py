@@ -1,0 +1,390 @@
+"""The adaptive policy: send each request where it is predicted to decode fastest.
+
+Each backend has a `TpotEstimator` (`fit.py`) of its time per output token as a function of its
+group's in-flight count, fitted from the responses the gateway relays; each EAGLE backend's
+acceptance length tau and each group's recent load are learned from the same completions. Rules, in
+order, each with its own reason label: one backend left (`adaptive_unavailable`); while fits are
+missing, measure unfitted backends on idle groups and let a lone request speculate
+(`adaptive_prior`, `adaptive_explore`); probe a kind unused for its interval on an idle group while
+the fits leave it in the running (`adaptive_explore`, backing off while probes agree); with a TPOT
+target no backend meets, the least harm (`adaptive_slo`); otherwise the (group, mode) rule of
+`rules.py`. `choose` only reads; `routed` stores what a decision changes. Service tiers: priority
+requests are never probes and see the true predictions, default and flex leave the lane
+(`rules.lane_view`), flex goes to plain decode. The rules and their numbers: docs/adaptive.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from gateway.config import PolicyConfig
+from gateway.policies import Completion, Decision, Policy
+from gateway.policies.adaptive.arms import (
+    PROBE_AGREEMENT,
+    Arm,
+    Outlook,
+    crossover,
+    group_beliefs,
+    in_the_running,
+    kind_lines,
+    listed_arm,
+)
+from gateway.policies.adaptive.fit import EstimatorConfig, TpotEstimator
+from gateway.policies.adaptive.rules import BackendState, TpotLine, flex_choice, lane_view, least_harm
+from gateway.policies.adaptive.rules import choose as choose_group
+from gateway.policies.lane import FLEX_PLAIN, TierLane, TierSettings
+from gateway.pool.snapshot import BackendView, PoolSnapshot
+from gateway.tiers import DEFAULT, FLEX, PRIORITY, Tier
+
+# Weak prior that speculation is the faster choice for the first requests: EAGLE's prediction is
+# scaled by 1 - SPEC_PRIOR * w0 / (w0 + evidence), fading as its evidence (in full-length
+# responses) grows. It keeps one noisy short warm-up response from parking a lone request on the
+# plain server until the next probe.
+SPEC_PRIOR = 0.2
+SPEC_PRIOR_WEIGHT = 1.0
+# Co-located: a response counts only if the other server had at most this many requests in flight
+# on average while it decoded.
+SHARED_TOLERANCE = 0.25
+# A probe costs one request's slowdown when partitioned, but co-located its steps slow every request
+# on the other server for as long as it decodes, and traffic that arrives meanwhile makes its
+# response unusable. Probes that teach nothing new therefore back off exponentially, to at most this
+# many intervals (docs/adaptive.md#the-decision).
+PROBE_BACKOFF_LIMIT = 16
+# Weight of each finished response in its group's recent load (the rate the group rule was evaluated at).
+RECENT_LOAD_RATE = 0.25
+# A probe of a co-located group is sent only while the group has been serving about one request at
+# a time: a probe that lands at the start of a burst mixes the modes for its whole life, and the
+# arrivals it slows hold the group's share of the load back (docs/adaptive.md#the-decision).
+PROBE_MAX_RECENT_LOAD = 2.0
+
+
+class AdaptivePolicy(Policy):
+    """Routes by predicted time per output token across K groups; learns each backend's TPOT(n) online."""
+
+    name = "adaptive"
+
+    def __init__(
+        self,
+        eagle_cap: int = 128,
+        *,
+        slo_tpot: float | None = None,
+        probe_every: int = 200,
+        colocated: bool = False,
+        estimator: EstimatorConfig | None = None,
+        tiers: TierSettings | None = None,
+    ) -> None:
+        """`eagle_cap`: most requests each EAGLE backend gets at once; `slo_tpot`: target seconds per
+        token (None: off); `probe_every`: decisions without traffic after which a backend of an
+        idle group is probed; `colocated`: the backends share GPUs (a response decoded alongside
+        another backend's requests is never learned from); with it off, the snapshot's groups say
+        which backends share GPUs; `tiers`: the lane priority traffic keeps."""
+        if eagle_cap < 1:
+            raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be at least 1, got {probe_every}")
+        if slo_tpot is not None and not slo_tpot > 0:
+            raise ValueError(f"the TPOT target must be positive, got {slo_tpot}")
+        self.cap = eagle_cap
+        self.slo_tpot = slo_tpot
+        self.probe_every = probe_every
+        self.colocated = colocated
+        self.estimator = estimator or EstimatorConfig()
+        self._arms: dict[str, Arm] = {}
+        self._recent: dict[str, float] = {}  # group -> recent load (EWMA of mean group in-flight)
+        self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
+        self._live: Callable[[], PoolSnapshot] | None = None
+        self.lane = TierLane(tiers)
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig, tiers: TierSettings | None = None) -> AdaptivePolicy:
+        """The policy as the `[policy]` table configures it (`tiers`: from its `tier_*` keys)."""
+        slo = config.adaptive_slo_tpot_ms
+        return cls(
+            config.adaptive_eagle_cap,
+            slo_tpot=slo / 1000.0 if slo is not None else None,
+            probe_every=config.adaptive_probe_every,
+            colocated=bool(config.adaptive_colocated),
+            estimator=EstimatorConfig(half_life=config.adaptive_half_life),
+            tiers=tiers,
+        )
+
+    def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
+        self._live = snapshot
+
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+        name, reason = self._decide(snapshot, tier)
+        return Decision(name, reason, tier)
+
+    def _decide(self, snapshot: PoolSnapshot, tier: Tier) -> tuple[str, str]:
+        available = [v for v in snapshot.backends if v.available]
+        if len(available) <= 1:
+            fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
+            return fallback[0].name, "adaptive_unavailable"
+        outlooks = {v.name: self._outlook(v) for v in available}
+        kinds = kind_lines(available, outlooks)
+        if not all(o.fitted for o in outlooks.values()):
+            cold = self._cold(snapshot, available, outlooks, kinds)
+            if cold is not None:
+                return cold.backend, cold.reason
+        probe = self._probe(snapshot, available, outlooks, kinds) if tier != PRIORITY else None
+        if probe is not None:
+            return probe.backend, probe.reason
+        states = [self._state(v, outlooks[v.name], kinds) for v in available]
+        if tier != PRIORITY and self.lane.active:  # default and flex leave the lane to priority traffic
+            states = lane_view(states, self.lane.settings)
+        flex = flex_choice(states) if tier == FLEX else None
+        if flex is not None:
+            return flex, FLEX_PLAIN
+        capped = not all(s.open for s in states)
+        if self.slo_tpot is not None and not capped:  # a capped EAGLE: the cap rule decides
+            harm = least_harm(snapshot, states, self.slo_tpot)
+            if harm is not None:
+                return harm
+        name, reason = choose_group(states, self._recent)
+        if reason == "adaptive_predicted_faster" and capped and self._capped_was_faster(states, name):
+            reason = "adaptive_cap"
+        return name, reason
+
+    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+        """Record per backend its kind, group and whether the group is shared, the decisions since it
+        last got a request and a pending probe; per group the last decision placed there (status).
+        Tau and the recent loads change only in `observe`."""
+        self._last[snapshot.get(decision.backend).group] = f"{decision.backend}: {decision.label}"
+        self.lane.routed(decision.tier)
+        sizes = Counter(v.group for v in snapshot.backends)
+        for view in snapshot.backends:
+            arm = self._sync(view)
+            arm.shared = sizes[view.group] > 1
+            if view.name == decision.backend:
+                if decision.reason == "adaptive_explore" and arm.estimator.fitted:
+                    arm.probe_pending = True  # a probe of a known backend, not a cold-start measurement
+                arm.since_routed = 0
+            else:
+                arm.since_routed += 1
+
+    def observe(self, completion: Completion) -> None:
+        arm = self._arms.get(completion.backend)
+        if arm is None:  # a forced route's response, or another worker's: the arm starts as the pool lists it
+            arm = self._arms[completion.backend] = listed_arm(self._new_arm(), self._live, completion.backend)
+        group = arm.group or completion.backend
+        recent = self._recent.get(group)
+        load = completion.mean_group_inflight
+        self._recent[group] = load if recent is None else recent + RECENT_LOAD_RATE * (load - recent)
+        arm.learn_tau(completion.output_tokens, completion.token_chunks)
+        tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
+        if tokens < 1 or completion.decode_seconds <= 0.0:
+            return
+        others = completion.mean_group_inflight - completion.mean_inflight
+        if (arm.shared or self.colocated) and others > SHARED_TOLERANCE:
+            # The other server of its group decoded meanwhile and its steps were interleaved with this one's
+            # on the shared GPU: this TPOT is not what this server costs on its own.
+            arm.shared_skipped += 1
+            if arm.probe_pending:
+                self._judge_probe(arm, taught_nothing=True)
+            return
+        n, tpot = completion.mean_inflight, completion.decode_seconds / tokens
+        if arm.probe_pending:
+            self._judge_probe(arm, taught_nothing=abs(tpot / arm.estimator.predict(n) - 1.0) <= PROBE_AGREEMENT)
+        relearns = arm.estimator.relearns
+        arm.estimator.observe(n, tpot, tokens)
+        if arm.estimator.relearns > relearns:  # this backend changed: the comparison is open again
+            for each in self._arms.values():
+                each.probe_interval = self.probe_every
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "eagle_cap": self.cap,
+            "slo_tpot_seconds": self.slo_tpot,
+            "probe_every": self.probe_every,
+            "colocated": self.colocated,
+            "half_life": self.estimator.half_life,
+            "beliefs": self.beliefs(),
+        }
+
+    def tiers(self) -> dict[str, Any]:
+        return self.lane.describe()
+
+    def beliefs(self) -> dict[str, Any]:
+        """Fitted lines, predicted TPOT for one more request at the current load, per-group beliefs, the crossover."""
+        snapshot = self._live() if self._live is not None else None
+        views = {b.name: b for b in snapshot.backends} if snapshot else {}
+        predicted = {}
+        for name, arm in self._arms.items():
+            if arm.estimator.fitted:
+                view = views.get(name)
+                n = snapshot.group_inflight(view) if snapshot is not None and view is not None else 0
+                predicted[name] = arm.estimator.predict(n + 1) * self._spec_factor(arm)
+        beliefs: dict[str, Any] = {
+            "predicted_tpot_seconds": predicted,
+            "backends": {name: arm.describe() for name, arm in self._arms.items()},
+        }
+        if snapshot is not None:
+            outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
+            kinds = kind_lines(list(snapshot.backends), outlooks)
+            states = [self._state(v, outlooks[v.name], kinds) for v in snapshot.backends]
+            beliefs["groups"] = group_beliefs(snapshot, states, self._recent)
+            for group, entry in beliefs["groups"].items():
+                entry["last_decision"] = self._last.get(group)
+        cross = self.crossover()
+        if cross is not None:
+            beliefs["crossover_concurrency"] = cross
+        return beliefs
+
+    def crossover(self) -> float | None:
+        """The batch size from which a plain server decodes faster than the EAGLE one, per the fits.
+
+        Where the first EAGLE and the first plain backend's fitted lines cross (calibration.md's
+        crossover); 0 when plain is faster at every load, infinity when EAGLE is, None until both are fitted.
+        """
+        return crossover(self._arms.values())
+
+    def _new_arm(self) -> Arm:
+        return Arm(TpotEstimator(self.estimator), probe_interval=self.probe_every)
+
+    def _comes_back(self, arm: Arm, view: BackendView) -> bool:
+        """Available again after the last routed snapshot showed it unavailable, with a fit to revise."""
+        return view.available and not arm.was_available and arm.estimator.fitted
+
+    def _outlook(self, view: BackendView) -> Outlook:
+        arm = self._arms.get(view.name)
+        if arm is None:
+            return Outlook(None, 0, self.probe_every, 0.0, 1.0)
+        if self._comes_back(arm, view):  # what `_sync` will do, without doing it
+            keep = self.estimator.relearn_keep
+            return Outlook(arm.estimator, self.probe_every, self.probe_every, arm.estimator.evidence * keep, arm.tau)
+        return Outlook(arm.estimator, arm.since_routed, arm.probe_interval, arm.estimator.evidence, arm.tau)
+
+    def _sync(self, view: BackendView) -> Arm:
+        arm = self._arms.get(view.name)
+        if arm is None:
+            arm = self._arms[view.name] = self._new_arm()
+        arm.speculative, arm.group = view.speculative, view.group
+        if self._comes_back(arm, view):
+            # Back after an outage (a restart, maybe with other settings): re-learn fast from
+            # the old fit, and measure it at the next idle moment.
+            arm.estimator.forget(self.estimator.relearn_keep)
+            arm.probe_interval = arm.since_routed = self.probe_every
+        arm.was_available = view.available
+        return arm
+
+    def _open(self, view: BackendView) -> bool:
+        return not view.speculative or view.inflight < self.cap
+
+    def _probe(
+        self,
+        snapshot: PoolSnapshot,
+        available: list[BackendView],
+        outlooks: dict[str, Outlook],
+        kinds: dict[bool, tuple[TpotLine, float]],
+    ) -> Decision | None:
+        """A probe of a kind (plain first, as ever) that no backend of it has served for its probe
+        interval and that the fits leave in the running: the kind shares one line, so one probe
+        measures it, on a fitted backend of an idle group where there is one (its response judges
+        the probe)."""
+        shared = self.colocated or len({v.group for v in snapshot.backends}) < len(snapshot.backends)
+        for kind in (False, True):
+            members = sorted((v for v in available if v.speculative == kind), key=lambda v: (not outlooks[v.name].fitted, v.name))
+            outs = [outlooks[v.name] for v in members]
+            if not any(o.fitted for o in outs) or any(o.since_routed < o.probe_interval for o in outs):
+                continue
+            if len(kinds) == 2 and not in_the_running(self._kind_line(kind, kinds), self._kind_line(not kind, kinds), self.cap, shared):
+                continue
+            for view in members:
+                if self._probeable(snapshot, view):
+                    return Decision(view.name, "adaptive_explore")
+        return None
+
+    def _kind_line(self, kind: bool, kinds: dict[bool, tuple[TpotLine, float]]) -> TpotLine:
+        """The kind's pooled line as the rules see it (EAGLE's scaled by the speculation prior)."""
+        pooled, evidence = kinds[kind]
+        factor = self._factor(kind, evidence)
+        return TpotLine(pooled.alpha * factor, pooled.beta * factor)
+
+    def _probeable(self, snapshot: PoolSnapshot, view: BackendView) -> bool:
+        """A probe must measure the backend on its own: its group idle (a co-located partner's steps
+        would be interleaved with the probe's) and not in a busy spell, and EAGLE within its cap."""
+        shared = sum(v.group == view.group for v in snapshot.backends) > 1
+        quiet = not shared or self._recent.get(view.group, 0.0) < PROBE_MAX_RECENT_LOAD
+        return self._open(view) and snapshot.group_inflight(view) == 0 and quiet
+
+    def _cold(
+        self,
+        snapshot: PoolSnapshot,
+        available: list[BackendView],
+        outlooks: dict[str, Outlook],
+        kinds: dict[bool, tuple[TpotLine, float]],
+    ) -> Decision | None:
+        """Before every backend is fitted: measure unfitted ones on idle groups, a lone request
+        speculates. None when each kind has a fitted backend whose line the unfitted ones of its
+        kind borrow (K groups: one busy group's unmeasured server must not hold every group back)."""
+        if all(v.speculative in kinds for v in available):
+            return None  # each kind has a fitted line, which its unfitted backends share
+        idle = all(v.inflight == 0 for v in available)
+        spec_fitted = any(v.speculative and outlooks[v.name].fitted for v in available)
+        by_name = sorted(available, key=lambda v: v.name)
+        for view in by_name:
+            if not view.speculative and not outlooks[view.name].fitted and self._probeable(snapshot, view):
+                if spec_fitted or not idle:
+                    return Decision(view.name, "adaptive_explore")
+        if idle:
+            spec = [v for v in by_name if v.speculative and self._open(v)]
+            if spec:
+                return Decision(spec[0].name, "adaptive_prior")
+        for view in by_name:
+            if view.speculative and not outlooks[view.name].fitted and self._probeable(snapshot, view):
+                return Decision(view.name, "adaptive_explore")
+        plain = [v for v in available if not v.speculative] or [v for v in available if self._open(v)] or available
+        least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
+        return Decision(least.name, "adaptive_prior")
+
+    def _state(self, view: BackendView, outlook: Outlook, kinds: dict[bool, tuple[TpotLine, float]]) -> BackendState:
+        """The backend as the group rule sees it: its kind's pooled line (EAGLE's scaled by the
+        speculation prior), tau, and the share of expected output its in-flight requests still have
+        to produce.
+
+        Backends of one kind share one line: the launcher makes every group alike, and per-backend
+        fits of identical servers drift apart by noise, which made the group rule pile requests on
+        the group whose fit happened to look fastest (docs/adaptive.md#the-decision). With one line
+        per kind, identical groups fill least-loaded first.
+        """
+        line = self._kind_line(view.speculative, kinds) if view.speculative in kinds else None
+        tau = outlook.tau if view.speculative else 1.0
+        produced = view.relayed_chunks * tau
+        remaining = max(0.0, 1.0 - produced / view.expected_tokens) if view.expected_tokens > 0 else 0.0
+        return BackendState(
+            view.name,
+            view.group,
+            view.speculative,
+            view.available,
+            view.inflight,
+            cap=self.cap if view.speculative else None,
+            line=line,
+            tau=tau,
+            remaining=remaining,
+        )
+
+    def _capped_was_faster(self, states: list[BackendState], chosen: str) -> bool:
+        """Whether a backend at its cap would have served this request faster than the one chosen."""
+        loads: dict[str, int] = {}
+        for s in states:
+            loads[s.group] = loads.get(s.group, 0) + s.inflight
+        predicted = {s.name: s.line.at(loads[s.group] + 1) for s in states if s.line is not None}
+        return any(not s.open and predicted[s.name] < predicted[chosen] for s in states)
+
+    def _judge_probe(self, arm: Arm, *, taught_nothing: bool) -> None:
+        """Back the backend's probe interval off after a probe that taught nothing, else reset it."""
+        arm.probe_pending = False
+        if taught_nothing:
+            arm.probe_interval = min(2 * arm.probe_interval, PROBE_BACKOFF_LIMIT * self.probe_every)
+        else:
+            arm.probe_interval = self.probe_every
+
+    def _factor(self, speculative: bool, evidence: float) -> float:
+        """The speculation prior: EAGLE's prediction scaled down, fading as its evidence grows."""
+        return 1.0 - SPEC_PRIOR * SPEC_PRIOR_WEIGHT / (SPEC_PRIOR_WEIGHT + evidence) if speculative else 1.0
+
+    def _spec_factor(self, arm: Arm) -> float:
+        return self._factor(bool(arm.speculative), arm.estimator.evidence)

@@ -1,0 +1,328 @@
+"""The backends, their health, exact in-flight counts, and the slot a routed request holds.
+
+The in-flight count is the routing signal, so it must be exact: a `Slot` is taken when a request is
+routed and released exactly once when its response ends, on every path (finished, error, timeout,
+client gone), tied to the response's lifetime by `try/finally` in the code that owns the response
+body, as SMG's guard objects are. Backends of one group share GPUs; a backend named in no group is
+a group of its own. The pool keeps each backend's load integral (so a slot can tell the mean load
+its request decoded under) and, over its in-flight requests, the output they are expected to
+produce and the token-bearing chunks relayed so far. Every number goes through the pool's `Board`
+(`board.py`): the process's own, or the whole gateway's with several workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+
+import orjson
+from dataclasses import dataclass, field
+
+from gateway.pool.board import AREA, CHUNKS, EXPECTED, INFLIGHT, SERVED, SINCE, Board, LocalBoard
+from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_load
+from gateway.pool.snapshot import BackendView, PoolSnapshot
+
+OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
+
+
+class Health(enum.Enum):
+    """What the gateway believes about a backend; only READY receives traffic."""
+
+    STARTING = "starting"  # never seen ready yet
+    READY = "ready"
+    UNREADY = "unready"  # answers 503: warming up, draining or unhealthy
+    DOWN = "down"  # connection refused or reset
+    FAILING = "failing"  # timed out on real traffic; only a passing /health brings it back
+
+
+_STATES = list(Health)  # a health state's code on the board is its index here
+
+
+@dataclass(frozen=True)
+class DecodeWindow:
+    """One response's decode window (first to last token) and the mean load it ran under."""
+
+    seconds: float
+    mean_inflight: float  # its backend's mean in-flight count over the window
+    mean_group_inflight: float  # the same for all backends of that backend's group
+
+
+@dataclass
+class Backend:
+    """Mutable state of one backend; owned by the pool, changed only through it and the health checker."""
+
+    name: str
+    url: str
+    speculative: bool
+    served_model_name: str | None = None
+    group: str = ""  # empty: a group of its own (named after the backend)
+    model_card: dict[str, object] | None = None
+    health: Health = Health.STARTING
+    health_detail: str = ""
+    inflight: int = 0
+    served: int = 0
+    # Sums over the in-flight requests (see BackendView), kept in O(1) by their slots.
+    expected_tokens: float = 0.0
+    relayed_chunks: int = 0
+    mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
+    engine_load: EngineLoad | None = None  # its own /v1/loads at the last poll; None while not ready
+    # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
+    _load_area: float = 0.0
+    _load_since: float = field(default_factory=time.monotonic)
+    # Where this process's numbers go and the gateway's are read (the fields above are this
+    # process's share; the `*_total` properties and the view are the gateway's).
+    board: Board = field(default_factory=LocalBoard)
+    index: int = 0  # this backend's column on the board
+
+    def __post_init__(self) -> None:
+        self.group = self.group or self.name
+
+    @property
+    def inflight_total(self) -> int:
+        """Requests in flight on this backend across the whole gateway (every worker)."""
+        return int(self.board.total(self.index, INFLIGHT))
+
+    @property
+    def served_total(self) -> int:
+        return int(self.board.total(self.index, SERVED))
+
+    def _add(self, expected: float = 0.0, chunks: int = 0) -> None:
+        self.expected_tokens += expected
+        self.relayed_chunks += chunks
+        self.board.write(self.index, EXPECTED, self.expected_tokens)
+        self.board.write(self.index, CHUNKS, self.relayed_chunks)
+
+    def _view(self) -> BackendView:
+        board, i = self.board, self.index
+        inflight, expected, chunks = int(board.total(i, INFLIGHT)), board.total(i, EXPECTED), int(board.total(i, CHUNKS))
+        return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks)
+
+    @property
+    def available(self) -> bool:
+        return self.health is Health.READY
+
+    def load_area(self, now: float) -> float:
+        """Integral of the gateway's in-flight count on this backend up to `now` (request-seconds)."""
+        return self.board.load_area(self.index, now)
+
+    def _change(self, delta: int) -> None:
+        now = time.monotonic()
+        self._load_area += self.inflight * (now - self._load_since)
+        self._load_since = now
+        self.inflight += delta
+        board = self.board
+        # Area and time base before the count: a reader between the stores sees a consistent
+        # integral up to the old count's last instant, off by at most one request for nanoseconds.
+        board.write(self.index, AREA, self._load_area)
+        board.write(self.index, SINCE, now)
+        board.write(self.index, INFLIGHT, self.inflight)
+
+
+class Slot:
+    """One routed request's hold on a backend, and the load its response decoded under.
+
+    `release()` is idempotent; `move_to` re-homes the hold before any byte was exchanged (failover);
+    `mark_token` stamps each chunk carrying generated tokens, so `decode_window` can tell the
+    request's mean load, and counts it towards its backend's relayed chunks. A slot of `weight` w
+    (a batched native request: w sequences upstream) counts w in flight and w times the expected output.
+    """
+
+    __slots__ = (
+        "backend", "weight", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected", "_chunks"
+    )
+
+    def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1) -> None:
+        self._pool = pool
+        self.backend = backend
+        self.weight = weight
+        self._released = False
+        self._max_tokens = max_tokens
+        self._chunks = 0
+        self._expected = self._expect(backend)
+        self.acquired_at = time.monotonic()
+        # (time, backend load area, group load area) at the first token; the latest token's time.
+        self._first: tuple[float, float, float] | None = None
+        self._last_at = 0.0
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Give the slot back; later calls do nothing."""
+        if self._released:
+            return
+        self._released = True
+        self._pool._release(self.backend, self.weight)
+        self.backend._add(-self._expected, -self._chunks)
+
+    def _expect(self, backend: Backend) -> float:
+        """Count this request's expected output on `backend`: its max_tokens, else the backend's mean length."""
+        per_sequence = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
+        expected = per_sequence * self.weight
+        backend._add(expected)
+        return expected
+
+    def move_to(self, name: str) -> None:
+        """Hold backend `name` instead: the old one's count drops by the slot's weight, the new one's rises by it."""
+        if self._released:
+            raise RuntimeError("a released slot cannot move")
+        if self._first is not None:
+            raise RuntimeError("a slot cannot move once its response has started")
+        self._pool._release(self.backend, self.weight)
+        self.backend._add(-self._expected)
+        self.backend = self._pool._take(name, self.weight)
+        self._expected = self._expect(self.backend)
+
+    def mark_token(self, now: float) -> None:
+        """A chunk carrying generated tokens arrived at `now` (time.monotonic())."""
+        if self._first is None:
+            self._first = (now, *self._areas(now))
+        self._last_at = now
+        self._chunks += 1
+        backend = self.backend  # the backend's count inline, one board cell: a call less per chunk
+        backend.relayed_chunks += 1
+        backend.board.write(backend.index, CHUNKS, backend.relayed_chunks)
+
+    def _areas(self, at: float) -> tuple[float, float]:
+        backend = self.backend
+        area = backend.load_area(at)
+        return area, self._pool.group_load_area(backend.group, at) if self._pool.shares_group(backend) else area
+
+    def decode_window(self) -> DecodeWindow | None:
+        """First to last token and the mean loads over it; None before two tokens at distinct times.
+
+        Called at the response's end; the integrals at the last token are read then, not at every token:
+        exact unless the in-flight count changed since the last token (one read earlier), where a change
+        of k requests moves the integral by k times that gap."""
+        if self._first is None:
+            return None
+        t0, area0, group0 = self._first
+        t1 = self._last_at
+        seconds = t1 - t0
+        if seconds <= 0.0:
+            return None
+        area1, group1 = self._areas(t1)
+        return DecodeWindow(seconds, (area1 - area0) / seconds, (group1 - group0) / seconds)
+
+
+class Pool:
+    """All backends, their health and in-flight counts; `board` holds what the gateway's workers share."""
+
+    def __init__(self, backends: list[Backend], board: Board | None = None) -> None:
+        self.board: Board = board or LocalBoard()
+        self._backends = {b.name: b for b in backends}
+        for index, backend in enumerate(backends):
+            backend.board, backend.index = self.board, index
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._health_version = self._cards_version = self._loads_version = 0
+        self._group_sizes: dict[str, int] = {}
+        for b in backends:
+            self._group_sizes[b.group] = self._group_sizes.get(b.group, 0) + 1
+
+    def publish_health(self, backend: Backend) -> None:
+        """Tell the other workers what `backend`'s health now is."""
+        self.board.set_health(backend.index, _STATES.index(backend.health))
+
+    def publish_cards(self) -> None:
+        """Tell the other workers every discovered model card (before a backend is marked ready)."""
+        cards = {b.name: [b.served_model_name, b.model_card] for b in self if b.model_card is not None}
+        self.board.write_cards(orjson.dumps(cards))
+
+    def publish_loads(self) -> None:
+        """Tell the other workers each backend's own /v1/loads, as the health checker polled it."""
+        self.board.write_loads(orjson.dumps({b.name: engine_load_json(b.engine_load) for b in self}))
+
+    def sync(self) -> None:
+        """Take the health states, model cards and engine loads other processes published since the last call.
+
+        A backend counts as ready here only once its model card has arrived too.
+        """
+        board = self.board
+        if board.cards_version != self._cards_version:
+            self._cards_version, payload = board.read_cards()
+            for name, (served, card) in (orjson.loads(payload) if payload else {}).items():
+                if name in self._backends:
+                    self._backends[name].served_model_name, self._backends[name].model_card = served, card
+        if board.loads_version != self._loads_version:
+            self._loads_version, payload = board.read_loads()
+            for name, load in (orjson.loads(payload) if payload else {}).items():
+                if name in self._backends:
+                    self._backends[name].engine_load = parse_engine_load(load)
+        version = board.health_version
+        if version != self._health_version:
+            self._health_version = version
+            for backend in self._backends.values():
+                state = _STATES[board.health(backend.index)]
+                if state is not Health.READY or backend.model_card is not None:
+                    backend.health = state
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._backends.values())
+
+    def __getitem__(self, name: str) -> Backend:
+        return self._backends[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._backends
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._backends)
+
+    @property
+    def total_inflight(self) -> int:
+        """Requests in flight across the whole gateway (every worker)."""
+        return sum(b.inflight_total for b in self._backends.values())
+
+    @property
+    def own_inflight(self) -> int:
+        """Requests in flight in this process (the same as `total_inflight` with one worker)."""
+        return sum(b.inflight for b in self._backends.values())
+
+    def shares_group(self, backend: Backend) -> bool:
+        """True when another backend is in `backend`'s group (else the group's load is the backend's)."""
+        return self._group_sizes.get(backend.group, 1) > 1
+
+    def group_load_area(self, group: str, now: float) -> float:
+        """Integral of the in-flight count of `group`'s backends from process start to `now`."""
+        return sum(b.load_area(now) for b in self._backends.values() if b.group == group)
+
+    def snapshot(self) -> PoolSnapshot:
+        """The current state as plain data for a policy."""
+        self.sync()
+        return PoolSnapshot(tuple(b._view() for b in self._backends.values()))
+
+    def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
+        """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per
+        sequence), if any; `weight`: the sequences it runs upstream (1 but for batched native requests)."""
+        return Slot(self, self._take(name, weight), max_tokens, weight)
+
+    def record_output(self, name: str, tokens: int) -> None:
+        """A response of `tokens` output tokens finished on `name`: update its mean length (EWMA)."""
+        backend = self._backends[name]
+        mean = backend.mean_output_tokens
+        backend.mean_output_tokens = float(tokens) if mean is None else mean + OUTPUT_EWMA * (tokens - mean)
+
+    def _take(self, name: str, weight: int = 1) -> Backend:
+        backend = self._backends[name]
+        backend._change(+weight)
+        backend.served += 1
+        backend.board.write(backend.index, SERVED, backend.served)
+        self._idle.clear()
+        return backend
+
+    def _release(self, backend: Backend, weight: int = 1) -> None:
+        backend._change(-weight)
+        if self.own_inflight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is in flight in this process; False if `timeout` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

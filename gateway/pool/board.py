@@ -1,0 +1,369 @@
+"""What the workers of one gateway share: the `Board` protocol, one process's `LocalBoard`, and `LoadBoard`.
+
+A pool writes its own per-backend numbers (in-flight count, load integral, expected output, relayed
+chunks, served) and reads the whole gateway's; health states, model cards and engine loads are
+published by whoever saw them; finished responses go through a ring every worker's policy replays
+in the same order; the service tiers' lane counts decisions; one routing decision is taken at a
+time (`routing`). With one process all of that is its own (`LocalBoard`: nothing to publish). With
+`[server] workers` > 1 it lives in one block of shared memory (`LoadBoard`): each worker writes only
+its own row and readers sum the rows; the two locks (routing; the ring and the published blobs) are
+flocks the kernel releases when their holder dies. Values are float64 (counts exact below 2**53),
+one aligned 8-byte store per cell, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections import deque
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from types import TracebackType
+from typing import Protocol
+
+# Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served.
+INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED = range(6)
+_FIELDS = 6
+# Per worker: routing decisions made, and the gateway's decision count at its last priority one (0: none).
+_CLOCK = 2
+# Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
+# mean group in-flight, token chunks.
+_RECORD = 7
+RING = 4096  # completion records kept; a worker further behind than this skips the oldest
+CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker discovered them
+LOAD_BYTES = 65536  # the backends' own /v1/loads (JSON), as the health checker last polled them
+_HEADER = 5  # draining flag, completions written, model cards version, engine loads version, health version
+_CARDS_VERSION, _LOADS_VERSION, _HEALTH_VERSION = 2, 3, 4
+_LOCKS = ("routing", "records")  # the locks' files
+
+
+class Board(Protocol):
+    """What a pool shares with the gateway's other workers (see the module docstring)."""
+
+    routing: AbstractContextManager[object]  # held from reading the counts to counting the slot
+    draining: bool  # the gateway as a whole is shutting down
+
+    def write(self, backend: int, field: int, value: float) -> None:
+        """Set this process's `field` (INFLIGHT, AREA, ...) for `backend`."""
+
+    def total(self, backend: int, field: int) -> float:
+        """`field` of `backend` for the whole gateway."""
+
+    def load_area(self, backend: int, now: float) -> float:
+        """The gateway's integral of `backend`'s in-flight count up to `now`."""
+
+    @property
+    def health_version(self) -> int:
+        """Moves whenever `set_health` is called; 0 forever when nobody else publishes."""
+
+    def set_health(self, backend: int, code: int) -> None:
+        """Tell the other processes `backend`'s health state (its code)."""
+
+    def health(self, backend: int) -> int:
+        """`backend`'s health state as last published."""
+
+    @property
+    def cards_version(self) -> int: ...
+
+    def write_cards(self, payload: bytes) -> None: ...
+
+    def read_cards(self) -> tuple[int, bytes]: ...
+
+    @property
+    def loads_version(self) -> int: ...
+
+    def write_loads(self, payload: bytes) -> None: ...
+
+    def read_loads(self) -> tuple[int, bytes]: ...
+
+    def publish(self, record: tuple[float, ...]) -> None:
+        """Append one completion record (backend index, tokens, ttft, decode s, mean in-flight,
+        mean group in-flight, token chunks)."""
+
+    def unread(self) -> list[tuple[float, ...]]:
+        """Completion records published since this process last asked, oldest first."""
+
+    def tick(self, priority: bool) -> None:
+        """Count one routing decision; `priority`: it was a priority request's."""
+
+    def since_priority(self) -> int | None:
+        """Decisions since the last priority one (0: it was the last); None: never one."""
+
+
+class DecisionClock:
+    """Routing decisions counted in one process, and the last priority one (the tiers' lane clock)."""
+
+    def __init__(self) -> None:
+        self._decisions = 0
+        self._priority_at = 0  # the last priority decision's number; 0: none yet
+
+    def tick(self, priority: bool) -> None:
+        self._decisions += 1
+        if priority:
+            self._priority_at = self._decisions
+
+    def since_priority(self) -> int | None:
+        return self._decisions - self._priority_at if self._priority_at else None
+
+
+class LocalBoard(DecisionClock):
+    """The board of a gateway of one process: its numbers are its own and nobody else reads them."""
+
+    health_version = cards_version = loads_version = 0  # nothing is published: nothing to take
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routing: AbstractContextManager[object] = contextlib.nullcontext()
+        self.draining = False
+        self._cells: dict[tuple[int, int], float] = {}
+        self._records: deque[tuple[float, ...]] = deque()
+
+    def write(self, backend: int, field: int, value: float) -> None:
+        self._cells[backend, field] = value
+
+    def total(self, backend: int, field: int) -> float:
+        return self._cells.get((backend, field), 0.0)
+
+    def load_area(self, backend: int, now: float) -> float:
+        cell = self._cells.get
+        return cell((backend, AREA), 0.0) + cell((backend, INFLIGHT), 0.0) * (now - cell((backend, SINCE), now))
+
+    def set_health(self, backend: int, code: int) -> None:
+        pass
+
+    def health(self, backend: int) -> int:
+        raise LookupError("a local board publishes no health states")
+
+    def write_cards(self, payload: bytes) -> None:
+        pass
+
+    def read_cards(self) -> tuple[int, bytes]:
+        return 0, b""
+
+    def write_loads(self, payload: bytes) -> None:
+        pass
+
+    def read_loads(self) -> tuple[int, bytes]:
+        return 0, b""
+
+    def publish(self, record: tuple[float, ...]) -> None:
+        self._records.append(record)
+
+    def unread(self) -> list[tuple[float, ...]]:
+        records = list(self._records)
+        self._records.clear()
+        return records
+
+
+class FileLock:
+    """An exclusive flock on `path`, taken through this object's own open file (flock is per open file,
+    so two views of the board in one process exclude each other too); waited for in the kernel."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR)
+
+    def __enter__(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+@dataclass(frozen=True)
+class BoardSpec:
+    """What a worker needs to attach to the board (picklable)."""
+
+    name: str
+    workers: int
+    backends: int
+    locks: str  # the directory of the locks' files
+
+
+class LoadBoard:
+    """A view of the shared block; `worker` is this process's row (-1: the parent, which owns no row)."""
+
+    def __init__(self, spec: BoardSpec, worker: int, *, create: bool = False) -> None:
+        self.spec = spec
+        self.worker = worker
+        self.routing = FileLock(os.path.join(spec.locks, "routing"))  # one routing decision at a time
+        self._records = FileLock(os.path.join(spec.locks, "records"))  # the completions ring and the blobs
+        size = 8 * self.cells(spec.workers, spec.backends)
+        self._shm = shared_memory.SharedMemory(name=spec.name, create=create, size=size)
+        self._cells = self._shm.buf.cast("d")
+        if create:
+            for i in range(len(self._cells)):
+                self._cells[i] = 0.0
+        b = spec.backends
+        self._health_at = _HEADER
+        self._rows_at = _HEADER + b
+        self._clock_at = self._rows_at + spec.workers * b * _FIELDS
+        self._ring_at = self._clock_at + spec.workers * _CLOCK
+        self._cards_at = 8 * (self._ring_at + RING * _RECORD)  # a byte offset
+        self._loads_at = self._cards_at + CARD_BYTES
+        self.applied = 0  # completion records this process has replayed
+
+    @staticmethod
+    def cells(workers: int, backends: int) -> int:
+        return _HEADER + backends + workers * (backends * _FIELDS + _CLOCK) + RING * _RECORD + (CARD_BYTES + LOAD_BYTES) // 8
+
+    @classmethod
+    def create(cls, workers: int, backends: int) -> LoadBoard:
+        """A new zeroed board, owned by the calling (parent) process."""
+        locks = tempfile.mkdtemp(prefix="specgate-board-")
+        for name in _LOCKS:
+            open(os.path.join(locks, name), "x").close()
+        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, locks)
+        return cls(spec, -1, create=True)
+
+    def close(self, *, unlink: bool = False) -> None:
+        self._cells.release()
+        self._shm.close()
+        self.routing.close()
+        self._records.close()
+        if unlink:
+            self._shm.unlink()
+            for name in _LOCKS:
+                os.unlink(os.path.join(self.spec.locks, name))
+            os.rmdir(self.spec.locks)
+
+    # Rows: each worker writes its own, readers sum.
+    def _cell(self, worker: int, backend: int, field: int) -> int:
+        return self._rows_at + (worker * self.spec.backends + backend) * _FIELDS + field
+
+    def write(self, backend: int, field: int, value: float) -> None:
+        """Set this worker's `field` for `backend` (`_cell` inline: this is on the per-chunk path)."""
+        self._cells[self._rows_at + (self.worker * self.spec.backends + backend) * _FIELDS + field] = value
+
+    def total(self, backend: int, field: int) -> float:
+        """`field` of `backend` summed over every worker."""
+        cells, step = self._cells, self.spec.backends * _FIELDS
+        at = self._cell(0, backend, field)
+        return sum(cells[at + w * step] for w in range(self.spec.workers))
+
+    def load_area(self, backend: int, now: float) -> float:
+        """The gateway's integral of `backend`'s in-flight count up to `now`, over all workers."""
+        cells, step = self._cells, self.spec.backends * _FIELDS
+        at = self._cell(0, backend, 0)
+        area = 0.0
+        for w in range(self.spec.workers):
+            row = at + w * step
+            area += cells[row + AREA] + cells[row + INFLIGHT] * (now - cells[row + SINCE])
+        return area
+
+    def clear_worker(self, worker: int, now: float) -> None:
+        """Fold a dead worker's row into the past: its load integral kept up to `now`, nothing in flight."""
+        for backend in range(self.spec.backends):
+            row = self._cell(worker, backend, 0)
+            c = self._cells
+            c[row + AREA] = c[row + AREA] + c[row + INFLIGHT] * (now - c[row + SINCE])
+            c[row + SINCE] = now
+            for field in (INFLIGHT, EXPECTED, CHUNKS):
+                c[row + field] = 0.0
+
+    # Health: one cell per backend; the version moves after the cell, under the records lock, so no
+    # two writers' bumps collapse into one that a reader has already seen.
+    @property
+    def health_version(self) -> int:
+        return int(self._cells[_HEALTH_VERSION])
+
+    def health(self, backend: int) -> int:
+        return int(self._cells[self._health_at + backend])
+
+    def set_health(self, backend: int, code: int) -> None:
+        with self._records:
+            self._cells[self._health_at + backend] = float(code)
+            self._cells[_HEALTH_VERSION] = self._cells[_HEALTH_VERSION] + 1.0
+
+    # The draining flag, set by the parent on SIGTERM.
+    @property
+    def draining(self) -> bool:
+        return self._cells[0] != 0.0
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._cells[0] = 1.0 if value else 0.0
+
+    # The service tiers' decision clock: rows per worker, summed.
+    def tick(self, priority: bool) -> None:
+        """Count one routing decision of this worker; `priority`: stamp it as the last priority one."""
+        at = self._clock_at + _CLOCK * self.worker
+        self._cells[at] += 1.0
+        if priority:
+            self._cells[at + 1] = self._decisions()
+
+    def since_priority(self) -> int | None:
+        """Decisions the whole gateway made since its last priority one; None: never one."""
+        last = max(self._cells[self._clock_at + _CLOCK * w + 1] for w in range(self.spec.workers))
+        return int(self._decisions() - last) if last else None
+
+    def _decisions(self) -> float:
+        return sum(self._cells[self._clock_at + _CLOCK * w] for w in range(self.spec.workers))
+
+    # Completions: a ring every worker replays in the same order.
+    def publish(self, record: tuple[float, ...]) -> None:
+        """Append one completion record (see `_RECORD`)."""
+        with self._records:
+            index = int(self._cells[1])
+            at = self._ring_at + (index % RING) * _RECORD
+            self._cells[at : at + _RECORD] = memoryview(array.array("d", record))
+            self._cells[1] = float(index + 1)  # after the record: a reader never sees it half written
+
+    def unread(self) -> list[tuple[float, ...]]:
+        """Completion records published since this process last asked, oldest first."""
+        written = int(self._cells[1])
+        start = max(self.applied, written - RING + 1)  # the slot being overwritten next is not trusted
+        out = []
+        for index in range(start, written):
+            at = self._ring_at + (index % RING) * _RECORD
+            out.append(tuple(self._cells[at : at + _RECORD]))
+        self.applied = written
+        return out
+
+    # Model cards: written by the health checker before it marks a backend ready.
+    @property
+    def cards_version(self) -> int:
+        return int(self._cells[_CARDS_VERSION])
+
+    def write_cards(self, payload: bytes) -> None:
+        """Publish the cards (JSON)."""
+        self._write_blob(self._cards_at, CARD_BYTES, _CARDS_VERSION, payload, "model cards")
+
+    def read_cards(self) -> tuple[int, bytes]:
+        """(version, JSON) of the cards as last published."""
+        return self._read_blob(self._cards_at, _CARDS_VERSION)
+
+    # Engine loads: each backend's own /v1/loads, written by the health checker at each poll.
+    @property
+    def loads_version(self) -> int:
+        return int(self._cells[_LOADS_VERSION])
+
+    def write_loads(self, payload: bytes) -> None:
+        """Publish the engine loads (JSON)."""
+        self._write_blob(self._loads_at, LOAD_BYTES, _LOADS_VERSION, payload, "engine loads")
+
+    def read_loads(self) -> tuple[int, bytes]:
+        """(version, JSON) of the engine loads as last published."""
+        return self._read_blob(self._loads_at, _LOADS_VERSION)
+
+    def _write_blob(self, at: int, limit: int, version: int, payload: bytes, what: str) -> None:
+        # The version moves after the bytes, under the lock readers take, so no reader sees half.
+        if len(payload) + 4 > limit:
+            raise ValueError(f"{what} of {len(payload)} bytes do not fit the board's {limit}")
+        with self._records:
+            buf = self._shm.buf
+            buf[at : at + 4] = len(payload).to_bytes(4, "little")
+            buf[at + 4 : at + 4 + len(payload)] = payload
+            self._cells[version] = self._cells[version] + 1.0
+
+    def _read_blob(self, at: int, version: int) -> tuple[int, bytes]:
+        with self._records:
+            buf = self._shm.buf
+            size = int.from_bytes(buf[at : at + 4], "little")
+            return int(self._cells[version]), bytes(buf[at + 4 : at + 4 + size])

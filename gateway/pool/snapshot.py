@@ -1,0 +1,53 @@
+"""The pool as a policy sees it: immutable views of every backend at one instant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BackendView:
+    """One backend as a policy sees it."""
+
+    name: str
+    speculative: bool
+    available: bool
+    inflight: int
+    group: str = ""  # empty: a group of its own (named after the backend)
+    # Over its in-flight requests: the output tokens they are expected to produce in all, and the
+    # token-bearing chunks relayed to them so far (a policy turns chunks into tokens).
+    expected_tokens: float = 0.0
+    relayed_chunks: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            object.__setattr__(self, "group", self.name)
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """An immutable picture of the pool at one instant; policies are functions of it."""
+
+    backends: tuple[BackendView, ...]
+
+    @property
+    def total_inflight(self) -> int:
+        return sum(b.inflight for b in self.backends)
+
+    def group_inflight(self, view: BackendView) -> int:
+        """The in-flight count of all backends in `view`'s group (its own when it is alone)."""
+        return sum(b.inflight for b in self.backends if b.group == view.group)
+
+    def get(self, name: str) -> BackendView:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    @property
+    def speculative(self) -> BackendView:
+        return next(b for b in self.backends if b.speculative)
+
+    @property
+    def plain(self) -> BackendView:
+        return next(b for b in self.backends if not b.speculative)

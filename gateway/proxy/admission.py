@@ -1,0 +1,82 @@
+"""Whether a request may start and where it goes: the gateway's limits, the policy's decision and the slot it takes.
+
+Reading the counts, deciding and counting the request are one step for the whole gateway: with
+several workers, two that both read one request in flight would both send theirs to EAGLE under a
+threshold of 2 (or past its cap), and both admit the request that fills the in-flight limit. So
+admission holds the board's routing lock (pool/board.py) from its first read of the counts to its
+slot's count; a waiter waits in the kernel, the lock is held for tens of microseconds (why not
+spin: docs/benchmarks/gateway-overhead.md). With one process the lock is a no-op.
+"""
+
+from __future__ import annotations
+
+from gateway.errors import OpenAIError
+from gateway.policies import Decision, failover, route
+from gateway.pool.backends import Slot
+from gateway.pool.snapshot import PoolSnapshot
+from gateway.proxy.job import ProxyJob
+from gateway.runtime import Runtime
+from gateway.tiers import admit_tier
+
+
+def admit(rt: Runtime, job: ProxyJob) -> Slot:
+    """Route the request and take its in-flight slot, or raise the error that says why not."""
+    with rt.pool.board.routing:
+        return _admit(rt, job)
+
+
+def fail_over(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
+    """Move the request off `failed`, which refused the connection; False when there is nowhere to go.
+
+    A forced request is never moved.
+    """
+    if job.forced is not None:
+        return False
+    with rt.pool.board.routing:
+        return _move(rt, job, slot, failed)
+
+
+def _admit(rt: Runtime, job: ProxyJob) -> Slot:
+    if rt.draining:
+        raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
+    inflight = rt.pool.total_inflight
+    # A batch wider than the whole limit still runs alone rather than never.
+    if inflight >= rt.inflight_limit or (inflight and inflight + job.weight > rt.inflight_limit):
+        if inflight >= rt.budget.capacity:
+            rt.metrics.local_errors.labels("inflight_capacity").inc()
+        raise OpenAIError(429, "too many requests in flight, retry shortly", code="overloaded", headers={"Retry-After": "1"})
+    if not rt.budget.admits(rt.sockets_open()):
+        # Closing this client's connection gives its descriptor back at once.
+        rt.metrics.local_errors.labels("descriptors").inc()
+        raise OpenAIError(
+            429,
+            "the gateway is at its open-file limit, retry shortly",
+            code="overloaded",
+            headers={"Retry-After": "1", "Connection": "close"},
+        )
+    admit_tier(job.tier, inflight, rt.inflight_limit, rt.settings.policy.tier_flex_inflight_share)
+    snapshot = rt.pool.snapshot()
+    decision = route(rt.policy, snapshot, job.forced, job.tier)
+    if decision is None:
+        target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
+        raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
+    slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight)
+    _placed(rt, job, snapshot, decision)
+    return slot
+
+
+def _move(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
+    snapshot = rt.pool.snapshot()
+    decision = failover(rt.policy, snapshot, failed, job.tier)
+    if decision is None:
+        return False
+    slot.move_to(decision.backend)
+    _placed(rt, job, snapshot, decision)
+    return True
+
+
+def _placed(rt: Runtime, job: ProxyJob, snapshot: PoolSnapshot, decision: Decision) -> None:
+    """The request holds its slot where `decision` says: count it, and tell the policy that chose it."""
+    rt.metrics.route_decisions.labels(decision.backend, decision.label).inc()
+    if job.forced is None:
+        rt.policy.routed(snapshot, decision)

@@ -1,0 +1,39 @@
+"""Cancelling the exchange that runs in the request's own task, and telling those cancellations from anyone else's.
+
+The client leaving or the shutdown ends a proxied exchange by cancelling the request's task;
+`ExchangeCancel` counts the cancellations the response asked for, so exactly those are absorbed
+where the exchange is awaited and any other (the server cancelling the request) still propagates.
+(Why not a task of its own per exchange: docs/benchmarks/gateway-overhead.md.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class ExchangeCancel:
+    """The request's task while its exchange runs (`running`), and the cancellations asked of it here."""
+
+    __slots__ = ("_task", "_asked")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[object] | None = None
+        self._asked = 0
+
+    def running(self, task: asyncio.Task[object] | None) -> None:
+        """The exchange runs in `task` from now on (None: it stopped; later `cancel` calls do nothing)."""
+        self._task = task
+
+    def cancel(self) -> bool:
+        """Cancel the exchange; False when it is not running."""
+        if self._task is None:
+            return False
+        self._asked += 1
+        self._task.cancel()
+        return True
+
+    def absorb(self, task: asyncio.Task[object]) -> bool:
+        """After a CancelledError in `task`: True when only this object's cancellations caused it (now undone)."""
+        for _ in range(self._asked):
+            task.uncancel()
+        return self._asked > 0 and task.cancelling() == 0

@@ -1,0 +1,347 @@
+"""One proxied generation request, from its admission (`admission.py`) to the last byte sent to the client.
+
+`ProxyResponse` is an ASGI response that owns the whole upstream exchange, so everything tied to the
+request's lifetime lives in one `try/finally`: the in-flight slot (released there and nowhere
+else), the upstream connection and the metrics. What a response teaches the policy (its decode
+window and the load it ran under) is measured by the slot. When the client leaves first (even while
+SGLang is still queueing or prefilling and has sent no header yet) the exchange is cancelled, which
+closes the upstream connection, which makes SGLang abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.dialects.openai import echo_json, stream_echo
+from gateway.edge.body_writer import BodyWriter, body_writer
+from gateway.edge.client_watch import watch_client
+from gateway.errors import OpenAIError
+from gateway.policies import Completion
+from gateway.pool.backends import Backend, Slot
+from gateway.proxy.admission import admit, fail_over
+from gateway.proxy.cancel import ExchangeCancel
+from gateway.proxy.job import ProxyJob
+from gateway.relay.gaps import GapBuffer
+from gateway.runtime import Runtime
+from gateway.tiers import tier_header
+from gateway.upstream.errors import BadResponse, ConnectFailed, WireError, local_kind
+from gateway.upstream.http11 import WireResponse
+
+log = logging.getLogger("specgate.proxy")
+
+CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a status label
+UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
+
+
+def _headers(job: ProxyJob, backend: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"content-type", content_type),
+        (b"x-specgate-backend", backend.encode()),
+        (b"x-request-id", job.request_id.encode()),
+        tier_header(job.tier),
+    ]
+    return headers + (extra or [])
+
+
+class ProxyResponse(Response):
+    """Routes, proxies and relays one generation request (chat, completions or native /generate)."""
+
+    def __init__(self, runtime: Runtime, job: ProxyJob) -> None:
+        super().__init__()
+        self._rt = runtime
+        self._job = job
+        self._slot: Slot | None = None
+        self._status = CLIENT_GONE
+        self._streaming = False  # stream headers sent: an interruption must end it with an error event
+        self._client_left = False
+        self._interrupted = False  # the gateway is stopping: the client gets a 503 or an error event
+        self._writer: BodyWriter | None = None
+        self._exchange = ExchangeCancel()  # the exchange runs in the request's own task
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        turn = self._rt.pacer.turn()
+        if turn is not None:
+            await turn
+        task = asyncio.current_task()
+        assert task is not None, "a response runs in a task"
+        writer = self._writer = body_writer(scope, send)
+        self._rt.requests.add(self)
+        stop_watching = watch_client(writer, receive, self._client_gone)  # at once if it already left
+        self._exchange.running(task)
+        try:
+            await self._serve(send)
+        except asyncio.CancelledError:
+            if not self._exchange.absorb(task):  # not only the client leaving or the shutdown
+                raise
+        finally:
+            self._exchange.running(None)
+            stop_watching()
+            self._rt.requests.discard(self)
+        if self._interrupted and not self._client_left:
+            await self._end_interrupted(send)
+
+    def _client_gone(self) -> None:
+        self._status = CLIENT_GONE  # even after a 200 header: the client did not get it all
+        self._client_left = True
+        self._exchange.cancel()
+
+    def interrupt(self) -> None:
+        """The gateway is stopping: end the exchange now (the client is told, unless it has left)."""
+        self._interrupted = self._exchange.cancel()
+
+    async def _end_interrupted(self, send: Send) -> None:
+        """The gateway stopped before the response ended: say so rather than cut the connection."""
+        err = OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
+        if self._streaming:
+            await send({"type": "http.response.body", "body": self._job.dialect.stream_error(err), "more_body": False})
+        elif self._status == CLIENT_GONE:  # nothing sent yet
+            self._status = "503"
+            await self._send_error(send, err)
+
+    @property
+    def routed_to(self) -> str | None:
+        """The backend holding this request's slot; None before routing."""
+        return None if self._slot is None else self._slot.backend.name
+
+    @property
+    def _backend(self) -> Backend:
+        assert self._slot is not None, "used before the request was routed"
+        return self._slot.backend
+
+    async def _serve(self, send: Send) -> None:
+        rt, job = self._rt, self._job
+        resp: WireResponse | None = None
+        try:
+            try:
+                if self._client_left:  # before the exchange began: counted, nothing sent
+                    return
+                self._slot = admit(rt, job)
+                resp = await self._dispatch()
+            except OpenAIError as err:
+                self._status = str(err.status)
+                await self._send_error(send, err)
+                return
+            if resp.status != 200:
+                await self._relay_error(resp, send)
+                return
+            if job.on_accepted is not None:
+                job.on_accepted(self._backend.name)
+            if job.stream:
+                await self._relay_stream(resp, send)
+            else:
+                await self._relay_body(resp, send)
+        finally:
+            if resp is not None:
+                resp.close()  # closing mid-response is what makes SGLang abort the request
+            name = UNROUTED
+            if self._slot is not None:
+                self._slot.release()
+                name = self._slot.backend.name
+                rt.metrics.duration.labels(name).observe(time.monotonic() - job.arrived_at)
+            rt.metrics.requests.labels(name, job.endpoint, self._status).inc()
+            rt.metrics.tier_requests.labels(job.tier, self._status).inc()
+
+    def _encode(self, backend: Backend) -> bytes:
+        job = self._job
+        body = job.dialect.upstream_body(
+            job.body,
+            served_model=backend.served_model_name,
+            stream=job.stream,
+            client_wants_usage=job.client_wants_usage,
+            request_id=job.request_id,
+        )
+        if job.prepare is not None:
+            job.prepare(body, backend.name)
+        try:
+            return orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:  # parsed fine, but e.g. nested deeper than orjson's 255 levels
+            raise OpenAIError(400, f"request body cannot be forwarded: {exc}", code="invalid_request") from exc
+
+    async def _dispatch(self) -> WireResponse:
+        """Send upstream; a connection failure before any byte is failed over once, where the policy says."""
+        rt, job = self._rt, self._job
+        rt.metrics.overhead.observe(time.monotonic() - job.arrived_at)
+        slot = self._slot
+        assert slot is not None, "dispatched before the request was routed"
+        moved = False
+        while True:
+            backend = self._backend
+            try:
+                resp = await self._post(backend)
+                rt.health.report_success(backend.name)
+                return resp
+            except ConnectFailed as exc:
+                rt.metrics.upstream_errors.labels(backend.name, "connect").inc()
+                await rt.health.confirm_unreachable(backend.name, type(exc).__name__)
+                if moved or not fail_over(rt, job, slot, backend.name):
+                    raise OpenAIError(
+                        502, f"backend {backend.name} is unreachable", code="upstream_unreachable", type="server_error"
+                    ) from exc
+                moved = True
+            except TimeoutError as exc:
+                rt.metrics.upstream_errors.labels(backend.name, "first_byte_timeout").inc()
+                rt.health.report_timeout(backend.name, "first-byte timeout")
+                waited = f"backend {backend.name} sent nothing within {rt.settings.timeouts.first_byte:g} s"
+                raise OpenAIError(504, waited, code="upstream_timeout", type="server_error") from exc
+            except BadResponse as exc:  # the backend answered with something not HTTP
+                rt.metrics.upstream_errors.labels(backend.name, "bad_response").inc()
+                raise OpenAIError(
+                    502, f"backend {backend.name} sent an invalid response", code="upstream_bad_response", type="server_error"
+                ) from exc
+
+    async def _post(self, backend: Backend) -> WireResponse:
+        """POST upstream; a failure of the gateway's own resources becomes a 503 with Retry-After.
+
+        Such a failure leaves the backend's health alone and is not failed over: every other backend
+        is behind the same wall.
+        """
+        rt = self._rt
+        try:
+            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend))
+        except Exception as exc:
+            kind = local_kind(exc)
+            if kind is None:
+                raise
+            rt.metrics.upstream_errors.labels(backend.name, "local_resource").inc()
+            rt.metrics.local_errors.labels(kind).inc()
+            log.warning("request %s not sent to %s: the gateway is out of %s", self._job.request_id, backend.name, kind)
+            message = f"the gateway is out of local resources ({kind}), retry shortly"
+            raise OpenAIError(503, message, code="gateway_overloaded", type="server_error", headers={"Retry-After": "1"}) from exc
+
+    async def _read_all(self, resp: WireResponse) -> bytes:
+        return await resp.read(self._rt.settings.timeouts.idle)
+
+    async def _relay_error(self, resp: WireResponse, send: Send) -> None:
+        name = self._backend.name
+        try:
+            payload = await self._read_all(resp)
+        except (WireError, TimeoutError):
+            payload = b""
+        if resp.status >= 500:
+            self._rt.metrics.upstream_errors.labels(name, f"http_{resp.status}").inc()
+        err = self._job.dialect.upstream_error(resp.status, payload)
+        self._status = str(err.status)
+        await self._send_error(send, err)
+
+    async def _relay_body(self, resp: WireResponse, send: Send) -> None:
+        rt, name = self._rt, self._backend.name
+        try:
+            payload = await self._read_all(resp)
+        except TimeoutError:
+            rt.metrics.upstream_errors.labels(name, "idle_timeout").inc()
+            rt.health.report_timeout(name, "response body timed out")
+            await self._fail(send, 504, f"backend {name} stopped responding", "upstream_timeout")
+            return
+        except WireError:
+            rt.metrics.upstream_errors.labels(name, "disconnected").inc()
+            await self._fail(send, 502, f"backend {name} dropped the response", "disconnected")
+            return
+        handled_at = time.monotonic()
+        try:
+            usage = self._job.dialect.usage(orjson.loads(payload))
+        except (ValueError, AttributeError, TypeError):  # orjson.JSONDecodeError is a ValueError
+            rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
+            await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
+            return
+        self._count_usage(name, usage)
+        payload = echo_json(payload, self._job.tier) if self._job.echo_tier else payload
+        length = [(b"content-length", str(len(payload)).encode())]
+        headers = _headers(self._job, name, b"application/json", length)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        rt.metrics.overhead.observe(time.monotonic() - handled_at)
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        self._status = "200"
+
+    async def _relay_stream(self, resp: WireResponse, send: Send) -> None:
+        rt, job = self._rt, self._job
+        slot = self._slot
+        assert slot is not None
+        backend = slot.backend
+        gaps = GapBuffer(rt.metrics.itl.labels(backend.name))  # ITL, added to the histogram once per stream
+
+        def on_first(now: float) -> None:
+            rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
+            rt.metrics.tier_ttft.labels(job.tier).observe(now - job.arrived_at)
+
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _headers(
+                    job,
+                    backend.name,
+                    job.dialect.stream_content_type,
+                    [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
+                ),
+            }
+        )
+        self._status = "200"
+        self._streaming = True
+        rt.pacer.streams += 1
+        try:
+            result = await job.dialect.relay(
+                resp,
+                send,
+                strip_usage=not job.client_wants_usage,
+                idle_timeout=rt.settings.timeouts.idle,
+                on_first=on_first,
+                on_token=slot.mark_token,
+                on_gap=gaps.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
+                writer=self._writer,
+                **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
+            )
+        finally:
+            rt.pacer.streams -= 1
+            gaps.flush()
+        await send({"type": "http.response.body", "body": result.tail, "more_body": False})
+        if result.error_kind is not None:
+            rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
+            if result.error_kind in ("idle_timeout",):
+                rt.health.report_timeout(backend.name, "stream went silent")
+            return
+        self._count_usage(backend.name, result.usage)
+        tokens = int((result.usage or {}).get("completion_tokens") or 0)
+        window = slot.decode_window()
+        # A batch's chunks interleave several sequences: its pace says nothing about one sequence's.
+        if tokens >= 2 and window is not None and result.first_token_at is not None and slot.weight == 1:
+            rt.metrics.tier_tpot.labels(job.tier).observe(window.seconds / (tokens - 1))
+            rt.learn(
+                Completion(
+                    backend=backend.name,
+                    output_tokens=tokens,
+                    ttft=result.first_token_at - job.arrived_at,
+                    decode_seconds=window.seconds,
+                    mean_inflight=window.mean_inflight,
+                    mean_group_inflight=window.mean_group_inflight,
+                    token_chunks=result.token_chunks,
+                )
+            )
+
+    def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> None:
+        if not usage:
+            return
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        self._rt.pool.record_output(backend, completion_tokens)
+        self._rt.metrics.output_tokens.labels(backend).inc(completion_tokens)
+        self._rt.metrics.prompt_tokens.labels(backend).inc(int(usage.get("prompt_tokens") or 0))
+
+    async def _fail(self, send: Send, status: int, message: str, code: str) -> None:
+        self._status = str(status)
+        await self._send_error(send, OpenAIError(status, message, code=code, type="server_error"))
+
+    async def _send_error(self, send: Send, err: OpenAIError) -> None:
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", self._job.request_id.encode()), tier_header(self._job.tier)]
+        headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+        if self._slot is not None:
+            headers.append((b"x-specgate-backend", self._slot.backend.name.encode()))
+        body = err.body()
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
