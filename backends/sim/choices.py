@@ -18,7 +18,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from backends.sim.chat_extras import ExtrasChatRenderer
-from backends.sim.engine import Engine, SimRequest
+from backends.sim.engine import Engine
+from backends.sim.request import SimRequest
 from backends.sim.responses import usage_of
 
 

@@ -7,9 +7,9 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
-from backends.sim.engine import RequestError
 from backends.sim.native import NativeCall, detokenize, native_error, tokenize
 from backends.sim.protocol import error_response, json_response
+from backends.sim.request import RequestError
 
 
 async def _body(request: Request) -> object:

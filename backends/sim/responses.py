@@ -14,9 +14,10 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from backends.sim.engine import Engine, SimRequest
+from backends.sim.engine import Engine
 from backends.sim.faults import StreamFaults
 from backends.sim.render import Renderer
+from backends.sim.request import SimRequest
 
 _GARBAGE_EVENT = b"data: {this is not json\n\n"
 

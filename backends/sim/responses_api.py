@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
-from backends.sim.engine import RequestError, SimRequest
 from backends.sim.protocol import ChatCompletionRequest, ChatMessage, json_response
+from backends.sim.request import RequestError, SimRequest
 from backends.sim.responses import GenerationResponse, usage_of
 
 _SSE = b"text/event-stream; charset=utf-8"
