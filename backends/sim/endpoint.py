@@ -93,6 +93,7 @@ class Endpoint:
             spec_details=self.table.num_draft_tokens
             if body.return_spec_tokens_details and self.table.speculative
             else None,
+            cache_report=self.settings.enable_cache_report,
             faults=self.faults.stream_faults(),
         )
 
@@ -107,7 +108,14 @@ class Endpoint:
         for req in reqs:
             self.engine.submit(req, hold_seconds=self.faults.first_token_delay)
         renderers = [ExtrasChatRenderer(first.rid, int(first.created), body.model, body, i) for i in range(body.n)]
-        return ChoicesResponse(self.engine, reqs, renderers, stream=body.stream, include_usage=body.include_usage())
+        return ChoicesResponse(
+            self.engine,
+            reqs,
+            renderers,
+            stream=body.stream,
+            include_usage=body.include_usage(),
+            cache_report=self.settings.enable_cache_report,
+        )
 
     def _build(self, body: ChatCompletionRequest | CompletionRequest, choice: int = 0) -> tuple[SimRequest, Renderer]:
         """The engine request for `body` (its choice number `choice`, whose text differs) and its renderer."""

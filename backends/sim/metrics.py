@@ -239,6 +239,13 @@ class SimMetrics:
         self._spec_verify = Counter(
             "sglang:spec_verify_calls", "Speculative verify steps.", list(tokenizer), registry=reg
         ).labels(*tokenizer.values())
+        # SGLang labels cached tokens by source only with its hierarchical cache; a radix cache alone is "total".
+        self._cached = Counter(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            [*tokenizer, "cache_source"],
+            registry=reg,
+        ).labels(*tokenizer.values(), "total")
 
         self._extra = list(extra_labels.values())
         http_names = [*extra_labels, "endpoint", "method"]
@@ -278,5 +285,7 @@ class SimMetrics:
             tpot.observe((at - req.first_token_at) / (req.produced - 1))
         if req.verify_steps:
             self._spec_verify.inc(req.verify_steps)
+        if req.cached_tokens:
+            self._cached.inc(req.cached_tokens)
         if req.state == "aborted":
             self._aborted.inc()

@@ -261,7 +261,7 @@ class NativeResponse(Response):
         }
         if seq.logprob:
             meta.update(_logprobs(seq, ids))
-        meta.update({"reasoning_tokens": 0, "completion_tokens": req.produced, "cached_tokens": 0})
+        meta.update({"reasoning_tokens": 0, "completion_tokens": req.produced, "cached_tokens": req.cached_tokens})
         if req.done:
             meta["e2e_latency"] = (req.finished_at or time.time()) - req.created
             drafts = self.ep.table.num_draft_tokens

@@ -81,6 +81,7 @@ class SimProcess:
             StepModel(table, seed=settings.seed * 1000 + index),
             text,
             max_prefill_tokens=self.profile.max_prefill_tokens,
+            radix_cache=not settings.disable_radix_cache,
         )
         engine = Engine(core, timeline, time_scale=settings.time_scale)
         served = settings.served_model_name or self.profile.model_path

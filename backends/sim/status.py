@@ -74,6 +74,8 @@ def server_info(ep: Endpoint) -> dict[str, Any]:
         "speculative_num_draft_tokens": table.num_draft_tokens if speculative else None,
         "speculative_adaptive": ep.role == "adaptive",
         "enable_metrics": ep.metrics is not None,
+        "disable_radix_cache": ep.settings.disable_radix_cache,
+        "enable_cache_report": ep.settings.enable_cache_report,
         "skip_server_warmup": False,
         "max_total_num_tokens": table.max_total_tokens,
         "max_req_input_len": min(ep.profile.context_length, table.max_total_tokens) - 1,
