@@ -15,11 +15,11 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
-from backends.sim.engine import RequestError
 from backends.sim.faults import FAULT_ADAPTER, CrashFault, FaultSpec, describe_error
 from backends.sim.middleware import ApiKeyMiddleware, HangMiddleware, HttpMetricsMiddleware
 from backends.sim.native_routes import install_native_routes
 from backends.sim.ollama import add_ollama_routes
+from backends.sim.request import RequestError
 from backends.sim.protocol import (
     AbortRequest,
     ChatCompletionRequest,

@@ -18,13 +18,14 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from backends.sim.chat_extras import ExtrasChatRenderer
-from backends.sim.engine import Engine, SimRequest
+from backends.sim.engine import Engine
+from backends.sim.request import SimRequest
 from backends.sim.responses import usage_of
 
 
-def merged_usage(reqs: list[SimRequest]) -> dict[str, Any]:
-    """SGLang's usage of n choices of one prompt."""
-    usages = [usage_of(r, None) for r in reqs]
+def merged_usage(reqs: list[SimRequest], *, cache_report: bool) -> dict[str, Any]:
+    """SGLang's usage of n choices of one prompt (the prompt and its cached tokens counted once)."""
+    usages = [usage_of(r, None, cache_report=cache_report) for r in reqs]
     prompt = usages[0]["prompt_tokens"]
     completion = sum(u["completion_tokens"] for u in usages)
     return {**usages[0], "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -34,10 +35,17 @@ class ChoicesResponse(Response):
     """Streams (or returns whole) the n choices of one chat request."""
 
     def __init__(
-        self, engine: Engine, reqs: list[SimRequest], renderers: list[ExtrasChatRenderer], *, stream: bool, include_usage: bool
+        self,
+        engine: Engine,
+        reqs: list[SimRequest],
+        renderers: list[ExtrasChatRenderer],
+        *,
+        stream: bool,
+        include_usage: bool,
+        cache_report: bool,
     ) -> None:
         self.engine, self.reqs, self.renderers = engine, reqs, renderers
-        self.stream, self.include_usage = stream, include_usage
+        self.stream, self.include_usage, self.cache_report = stream, include_usage, cache_report
         self.status_code = 200
         self.background = None
 
@@ -105,7 +113,7 @@ class ChoicesResponse(Response):
                 body = b""
                 chunk = await queue.get()
             if self.include_usage:
-                body += self.renderers[0].usage(merged_usage(self.reqs))
+                body += self.renderers[0].usage(merged_usage(self.reqs, cache_report=self.cache_report))
             await send({"type": "http.response.body", "body": body + ExtrasChatRenderer.done, "more_body": False})
         finally:
             for task in pumps:
@@ -128,7 +136,7 @@ class ChoicesResponse(Response):
                 "created": head.created,
                 "model": head.model,
                 "choices": choices,
-                "usage": merged_usage(self.reqs),
+                "usage": merged_usage(self.reqs, cache_report=self.cache_report),
                 "metadata": None,
             }
         )

@@ -130,6 +130,12 @@ def _option_error(err: ErrorDetails) -> str:
 @click.option(
     "--enable-response-store", is_flag=True, help="store Responses API responses for retrieval and follow-ups (as SGLang)"
 )
+@click.option("--disable-radix-cache", is_flag=True, help="turn the prefix (radix) cache off, as SGLang's flag")
+@click.option(
+    "--enable-cache-report",
+    is_flag=True,
+    help="report usage.prompt_tokens_details.cached_tokens on chat and completions (as SGLang)",
+)
 @click.option(
     "--enable-test-endpoints", is_flag=True, help="serve the test-only /_test/requests and /_test/fault routes"
 )

@@ -14,22 +14,24 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from starlette.responses import Response
 
+from backends.sim import vocab
 from backends.sim.chat_extras import ExtrasChatRenderer, wants_extras
 from backends.sim.choices import ChoicesResponse
-from backends.sim.engine import Engine, RequestError, SimRequest
+from backends.sim.engine import Engine
 from backends.sim.faults import FaultState
 from backends.sim.layout import ServerSlot
 from backends.sim.metrics import SimMetrics
 from backends.sim.profiles import Profile, Role, RoleProfile
 from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
 from backends.sim.render import ChatRenderer, CompletionRenderer, Renderer
+from backends.sim.request import RequestError, SimRequest
 from backends.sim.responses import GenerationResponse
 from backends.sim.settings import SimSettings
-from backends.sim.tokenizer import count_chat_tokens, count_tokens
+from backends.sim.tokenizer import chat_prompt_ids
 
 Status = Literal["starting", "up", "draining"]
 
@@ -91,6 +93,7 @@ class Endpoint:
             spec_details=self.table.num_draft_tokens
             if body.return_spec_tokens_details and self.table.speculative
             else None,
+            cache_report=self.settings.enable_cache_report,
             faults=self.faults.stream_faults(),
         )
 
@@ -105,7 +108,14 @@ class Endpoint:
         for req in reqs:
             self.engine.submit(req, hold_seconds=self.faults.first_token_delay)
         renderers = [ExtrasChatRenderer(first.rid, int(first.created), body.model, body, i) for i in range(body.n)]
-        return ChoicesResponse(self.engine, reqs, renderers, stream=body.stream, include_usage=body.include_usage())
+        return ChoicesResponse(
+            self.engine,
+            reqs,
+            renderers,
+            stream=body.stream,
+            include_usage=body.include_usage(),
+            cache_report=self.settings.enable_cache_report,
+        )
 
     def _build(self, body: ChatCompletionRequest | CompletionRequest, choice: int = 0) -> tuple[SimRequest, Renderer]:
         """The engine request for `body` (its choice number `choice`, whose text differs) and its renderer."""
@@ -114,13 +124,14 @@ class Endpoint:
         if isinstance(body, ChatCompletionRequest):
             if not body.messages:
                 raise RequestError("Messages cannot be empty.")
-            texts = [m.text() for m in body.messages]
-            prompt_tokens = count_chat_tokens(texts)
-            prompt_key = "\n".join(texts)
+            messages = [(m.role, m.text()) for m in body.messages]
+            prompt_ids = chat_prompt_ids(messages)
+            prompt_key = "\n".join(text for _, text in messages)
             prefix = "chatcmpl-"
         else:
-            prompt_tokens, prompt_key = _completion_prompt(body.prompt)
+            prompt_ids, prompt_key = _completion_prompt(body.prompt)
             prefix = "cmpl-"
+        prompt_tokens = len(prompt_ids)
         limit = self.profile.context_length
         if prompt_tokens >= limit:
             raise RequestError(
@@ -144,7 +155,7 @@ class Endpoint:
             )
         req = SimRequest(
             rid=f"{body.request_id() or prefix + uuid.uuid4().hex}{f'-{choice}' if choice else ''}",
-            prompt_tokens=prompt_tokens,
+            prompt_ids=prompt_ids,
             max_new_tokens=max_new,
             is_streaming=body.stream,
             text_start=self.engine.text.start_for(prompt_key if not choice else f"{prompt_key}#{choice}"),
@@ -157,16 +168,17 @@ class Endpoint:
         return req, renderer_class(req.rid, int(req.created), body.model)
 
 
-def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[int, str]:
-    """Prompt tokens and the text key of a completions prompt (a string, one string, or token ids)."""
+def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[list[int], str]:
+    """Prompt token ids and the text key of a completions prompt (a string, one string, or token ids)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("Prompt cannot be empty")
-        return count_tokens(prompt), prompt
+        return vocab.encode(prompt), prompt
     if not prompt:
         raise RequestError("Prompt cannot be empty")
     if all(isinstance(t, int) for t in prompt):
-        return len(prompt), ",".join(str(t) for t in prompt)
+        ids = cast(list[int], prompt)
+        return ids, ",".join(str(t) for t in ids)
     raise RequestError("a list of prompts (a batched request) is not supported by the simulated server")

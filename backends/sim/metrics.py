@@ -9,13 +9,15 @@ Besides SGLang's metrics the simulator exports its fidelity check: `sglang:sim_s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backends.sim.engine import Engine, SimRequest
+from backends.sim.engine import Engine
+from backends.sim.request import SimRequest
 
 _TTFT_BUCKETS = (
     0.001,
@@ -118,19 +120,29 @@ class _SchedulerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         engine = self.engine
-        table = engine.table
-        running = len(engine.running)
-        used = engine.used_tokens()
+        core = engine.core
+        table = core.table
+        running = len(core.running)
+        used, evictable = core.used_tokens(), core.evictable_tokens()
         capacity = table.max_total_tokens
         yield self._gauge("sglang:num_running_reqs", "The number of running requests.", running)
-        yield self._gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(engine.waiting))
+        yield self._gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(core.waiting))
         yield self._gauge("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.", 0)
-        yield self._gauge("sglang:gen_throughput", "The generation throughput (token/s).", engine.gen_throughput())
-        yield self._gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0)
+        yield self._gauge(
+            "sglang:gen_throughput", "The generation throughput (token/s).", core.gen_throughput(time.monotonic())
+        )
+        yield self._gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", core.cache_hit_rate)
         yield self._gauge("sglang:token_usage", "The token usage.", used / capacity)
         yield self._gauge("sglang:num_used_tokens", "The number of used tokens.", used)
-        yield self._gauge("sglang:kv_used_tokens", "KV cache tokens in use.", used)
-        yield self._gauge("sglang:kv_available_tokens", "KV cache tokens available.", capacity - used)
+        yield self._gauge("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool.", used)
+        yield self._gauge(
+            "sglang:kv_evictable_tokens",
+            "Number of evictable (radix-cached) token slots in the KV cache pool.",
+            evictable,
+        )
+        yield self._gauge(
+            "sglang:kv_available_tokens", "Number of free token slots in the KV cache pool.", capacity - used - evictable
+        )
         yield self._gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache.", capacity)
         yield self._gauge(
             "sglang:utilization", "Share of the running-request capacity in use.", running / table.max_running_requests
@@ -140,8 +152,8 @@ class _SchedulerCollector(Collector):
         yield self._gauge("sglang:is_cuda_graph", "Whether the batch ran with a CUDA graph.", 1)
         yield self._gauge("sglang:context_len", "The context length of the model.", self.context_length)
         if table.speculative:
-            accept = engine.accept_length()
-            drafting = engine.steps.speculating(max(engine.last_batch, 1))
+            accept = core.accept_length()
+            drafting = core.steps.speculating(max(core.last_batch, 1))
             yield self._gauge(
                 "sglang:spec_accept_length", "The average acceptance length of speculative decoding.", accept
             )
@@ -162,7 +174,7 @@ class _SchedulerCollector(Collector):
             "Simulator fidelity: total lateness of steps against their modelled end.",
             engine.slip_seconds,
         )
-        yield self._counter("sglang:sim_steps", "Simulator: steps run.", engine.num_steps)
+        yield self._counter("sglang:sim_steps", "Simulator: steps run.", core.num_steps)
         yield self._gauge(
             "sglang:sim_schedule_lag_seconds", "Simulator: lateness of the last step.", engine.last_lag_seconds
         )
@@ -227,6 +239,13 @@ class SimMetrics:
         self._spec_verify = Counter(
             "sglang:spec_verify_calls", "Speculative verify steps.", list(tokenizer), registry=reg
         ).labels(*tokenizer.values())
+        # SGLang labels cached tokens by source only with its hierarchical cache; a radix cache alone is "total".
+        self._cached = Counter(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            [*tokenizer, "cache_source"],
+            registry=reg,
+        ).labels(*tokenizer.values(), "total")
 
         self._extra = list(extra_labels.values())
         http_names = [*extra_labels, "endpoint", "method"]
@@ -266,5 +285,7 @@ class SimMetrics:
             tpot.observe((at - req.first_token_at) / (req.produced - 1))
         if req.verify_steps:
             self._spec_verify.inc(req.verify_steps)
+        if req.cached_tokens:
+            self._cached.inc(req.cached_tokens)
         if req.state == "aborted":
             self._aborted.inc()

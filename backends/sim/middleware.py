@@ -110,8 +110,8 @@ class AuthLevel(Enum):
 
 
 def auth_level(path: str) -> AuthLevel:
-    """Admin routes (abort and the test-only routes) take the admin key when one is configured."""
-    if path == "/abort_request" or path.startswith(TEST_PREFIX):
+    """Admin routes (abort, cache flush and the test-only routes) take the admin key when one is configured."""
+    if path in ("/abort_request", "/flush_cache") or path.startswith(TEST_PREFIX):
         return AuthLevel.ADMIN_OPTIONAL
     return AuthLevel.NORMAL
 

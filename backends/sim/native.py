@@ -27,8 +27,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from backends.sim import vocab
-from backends.sim.engine import RequestError, SimRequest
-from backends.sim.tokenizer import count_tokens
+from backends.sim.request import RequestError, SimRequest
 
 if TYPE_CHECKING:
     from backends.sim.endpoint import Endpoint
@@ -55,14 +54,14 @@ class _Sequence:
     top_logprobs: int
 
 
-def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, list[int]]], bool]:
-    """(prompt tokens, text key, ids) per prompt, and whether the body is a batch."""
+def _prompts(body: dict[str, Any]) -> tuple[list[tuple[str, list[int]]], bool]:
+    """(text key, token ids) per prompt, and whether the body is a batch."""
     text, ids = body.get("text"), body.get("input_ids")
     if text is not None:
         texts = [text] if isinstance(text, str) else text
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise RequestError("text must be a string or a non-empty list of strings")
-        return [(count_tokens(t), t, vocab.encode(t)) for t in texts], not isinstance(text, str)
+        return [(t, vocab.encode(t)) for t in texts], not isinstance(text, str)
     if ids is None:
         raise RequestError("Either text, input_ids or input_embeds should be provided.")
     if not isinstance(ids, list) or not ids:
@@ -71,7 +70,7 @@ def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, list[int]]], bo
     for row in rows:
         if not isinstance(row, list) or not row or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
             raise RequestError("input_ids must be a list of token ids or a list of such lists")
-    return [(len(row), ",".join(map(str, row)), row) for row in rows], isinstance(ids[0], list)
+    return [(",".join(map(str, row)), row) for row in rows], isinstance(ids[0], list)
 
 
 def _per_prompt(value: Any, count: int, default: Any) -> list[Any]:
@@ -125,16 +124,13 @@ class NativeCall:
         order = [i for _ in range(n) for i in range(len(prompts))]
         rids = _rids(body.get("rid"), len(order), batched)
         stream = bool(body.get("stream"))
-        sequences = [
-            _Sequence(
-                self._request(prompts[i], params[i], stream, rid, sample=k // len(prompts)),
-                prompts[i][2],
-                bool(logprob[i]),
-                int(start_len[i] if start_len[i] is not None else -1),
-                int(top[i] or 0),
-            )
-            for k, (i, rid) in enumerate(zip(order, rids, strict=True))
-        ]
+        sequences = []
+        for k, (i, rid) in enumerate(zip(order, rids, strict=True)):
+            start = int(start_len[i] if start_len[i] is not None else -1)
+            # SGLang computes input logprobs from logprob_start_len on, so the cache may not serve those tokens.
+            cap = start if logprob[i] and start >= 0 else None
+            req = self._request(prompts[i], params[i], stream, rid, sample=k // len(prompts), prefix_cap=cap)
+            sequences.append(_Sequence(req, prompts[i][1], bool(logprob[i]), start, int(top[i] or 0)))
         submitted: list[SimRequest] = []
         try:
             for seq in sequences:
@@ -147,9 +143,17 @@ class NativeCall:
         return NativeResponse(self.ep, sequences, batched=batched)
 
     def _request(
-        self, prompt: tuple[int, str, list[int]], params: dict[str, Any], stream: bool, rid: str | None, *, sample: int
+        self,
+        prompt: tuple[str, list[int]],
+        params: dict[str, Any],
+        stream: bool,
+        rid: str | None,
+        *,
+        sample: int,
+        prefix_cap: int | None,
     ) -> SimRequest:
-        prompt_tokens, key, _ = prompt
+        key, prompt_ids = prompt
+        prompt_tokens = len(prompt_ids)
         key = key if sample == 0 else f"{key}\x00{sample}"  # each of n samples writes its own text
         limit = self.ep.profile.context_length
         if prompt_tokens >= limit:
@@ -167,12 +171,13 @@ class NativeCall:
             max_new, natural_stop = self.ep.profile.default_max_tokens, self.ep.profile.eos_token_id
         return SimRequest(
             rid=rid or uuid.uuid4().hex,
-            prompt_tokens=prompt_tokens,
+            prompt_ids=prompt_ids,
             max_new_tokens=max(max_new, 1),
             is_streaming=stream,
             text_start=self.ep.engine.text.start_for(key),
             stop=_stops(params),
             natural_stop=natural_stop,
+            prefix_cap=prefix_cap,
         )
 
 
@@ -239,7 +244,7 @@ class NativeResponse(Response):
         text = self.ep.engine.text.text(req.text_start, 0, req.produced)
         if req.text_limit is not None:
             text = text[: req.text_limit]
-        ids = vocab.encode(self.ep.engine.text.text(req.text_start, 0, req.produced))
+        ids = self.ep.engine.text.token_ids(req.text_start, 0, req.produced)
         out: dict[str, Any] = {"text": text, "output_ids": ids, "meta_info": self._meta(seq, ids)}
         if index is not None:
             out["index"] = index
@@ -256,7 +261,7 @@ class NativeResponse(Response):
         }
         if seq.logprob:
             meta.update(_logprobs(seq, ids))
-        meta.update({"reasoning_tokens": 0, "completion_tokens": req.produced, "cached_tokens": 0})
+        meta.update({"reasoning_tokens": 0, "completion_tokens": req.produced, "cached_tokens": req.cached_tokens})
         if req.done:
             meta["e2e_latency"] = (req.finished_at or time.time()) - req.created
             drafts = self.ep.table.num_draft_tokens

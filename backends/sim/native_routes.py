@@ -7,9 +7,16 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
-from backends.sim.engine import RequestError
 from backends.sim.native import NativeCall, detokenize, native_error, tokenize
 from backends.sim.protocol import error_response, json_response
+from backends.sim.request import RequestError
+
+
+_FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+_NOT_FLUSHED = "Flush cache failed.\n"
 
 
 async def _body(request: Request) -> object:
@@ -53,7 +60,8 @@ def install_native_routes(app: FastAPI, ep: Endpoint) -> None:
             return error_response(str(exc))
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
-        # The simulator keeps no prefix cache; SGLang answers a flush with this text.
-        return Response("Cache flushed.\nPlease check backend logs for more details. (When there are running or "
-                        "waiting requests, the operation will not be performed.)\n", status_code=200)
+    async def flush_cache(timeout: float = 0.0) -> Response:
+        # SGLang waits up to `timeout` seconds for its queues to drain, and refuses while requests remain.
+        if not await ep.engine.flush_cache(timeout):
+            return Response(_NOT_FLUSHED, status_code=400)
+        return Response(_FLUSHED, status_code=200)

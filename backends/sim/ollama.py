@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
-from backends.sim.engine import RequestError, SimRequest
 from backends.sim.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, error_response, json_response
+from backends.sim.request import RequestError, SimRequest
 
 _NDJSON = b"application/x-ndjson"
 _DEFAULT_MAX_NEW_TOKENS = 2048

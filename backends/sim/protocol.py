@@ -15,7 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.responses import Response
 
-_CHAT_ROLES = ("system", "user", "assistant", "tool", "function", "developer")
+CHAT_ROLES = ("system", "user", "assistant", "tool", "function", "developer")
 
 
 class _Body(BaseModel):
@@ -67,8 +67,8 @@ class ChatMessage(_Body):
     @field_validator("role")
     @classmethod
     def _known_role(cls, role: str) -> str:
-        if role.lower() not in _CHAT_ROLES:
-            raise ValueError(f"'role' must be one of {', '.join(repr(r) for r in _CHAT_ROLES)} (case-insensitive).")
+        if role.lower() not in CHAT_ROLES:
+            raise ValueError(f"'role' must be one of {', '.join(repr(r) for r in CHAT_ROLES)} (case-insensitive).")
         return role.lower()
 
     def text(self) -> str:

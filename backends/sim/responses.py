@@ -14,9 +14,10 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from backends.sim.engine import Engine, SimRequest
+from backends.sim.engine import Engine
 from backends.sim.faults import StreamFaults
 from backends.sim.render import Renderer
+from backends.sim.request import SimRequest
 
 _GARBAGE_EVENT = b"data: {this is not json\n\n"
 
@@ -25,13 +26,18 @@ class InjectedDrop(Exception):
     """Raised inside a response to make the server close the connection mid-body (`drop_mid_stream`)."""
 
 
-def usage_of(req: SimRequest, num_draft_tokens: int | None) -> dict[str, Any]:
+def cached_details(cached_tokens: int, cache_report: bool) -> dict[str, int] | None:
+    """SGLang's `prompt_tokens_details`: only with `--enable-cache-report`, and only when something was cached."""
+    return {"cached_tokens": cached_tokens} if cache_report and cached_tokens > 0 else None
+
+
+def usage_of(req: SimRequest, num_draft_tokens: int | None, *, cache_report: bool) -> dict[str, Any]:
     """SGLang's usage object; with `num_draft_tokens` (spec details requested) the speculation figures too."""
     usage: dict[str, Any] = {
         "prompt_tokens": req.prompt_tokens,
         "total_tokens": req.prompt_tokens + req.produced,
         "completion_tokens": req.produced,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": cached_details(req.cached_tokens, cache_report),
         "reasoning_tokens": 0,
     }
     if num_draft_tokens is not None:
@@ -56,6 +62,7 @@ class GenerationResponse(Response):
         *,
         include_usage: bool,
         spec_details: int | None,
+        cache_report: bool,
         faults: StreamFaults,
     ) -> None:
         self.engine = engine
@@ -63,6 +70,7 @@ class GenerationResponse(Response):
         self.renderer = renderer
         self.include_usage = include_usage
         self.spec_details = spec_details
+        self.cache_report = cache_report
         self.faults = faults
         self.client_gone = False
         self.status_code = 200
@@ -92,6 +100,9 @@ class GenerationResponse(Response):
                 self.req.event.set()
                 return
 
+    def _usage(self) -> dict[str, Any]:
+        return usage_of(self.req, self.spec_details, cache_report=self.cache_report)
+
     def _final_text(self, text: str, chars_before: int) -> str:
         limit = self.req.text_limit
         return text if limit is None else text[: max(limit - chars_before, 0)]
@@ -115,7 +126,7 @@ class GenerationResponse(Response):
                 text = self._final_text(text, sent_chars)
                 body = renderer.ending(text, req.finish_reason or "abort", req.matched_stop)
                 if self.include_usage:
-                    body += renderer.usage(usage_of(req, self.spec_details))
+                    body += renderer.usage(self._usage())
                 body += renderer.done
             else:
                 body = renderer.content(text)
@@ -147,9 +158,7 @@ class GenerationResponse(Response):
         if self.client_gone:
             return
         text = self._final_text(self.engine.text.text(req.text_start, 0, req.produced), 0)
-        body = self.renderer.complete(
-            text, req.finish_reason or "abort", req.matched_stop, usage_of(req, self.spec_details)
-        )
+        body = self.renderer.complete(text, req.finish_reason or "abort", req.matched_stop, self._usage())
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

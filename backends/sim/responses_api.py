@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
 from backends.sim.endpoint import Endpoint
-from backends.sim.engine import RequestError, SimRequest
-from backends.sim.protocol import ChatCompletionRequest, ChatMessage, json_response
+from backends.sim.protocol import CHAT_ROLES, ChatCompletionRequest, ChatMessage, json_response
+from backends.sim.request import RequestError, SimRequest
 from backends.sim.responses import GenerationResponse, usage_of
 
 _SSE = b"text/event-stream; charset=utf-8"
@@ -59,17 +59,18 @@ class ResponsesBody(BaseModel):
     user: str | None = None
     metadata: dict[str, Any] | None = None
 
-    def input_texts(self) -> list[str]:
-        """The text of each input item (string content, or the text of its parts, or a tool output)."""
+    def input_messages(self) -> list[tuple[str, str]]:
+        """(role, text) of each input item: its string content, or the text of its parts, or a tool output."""
         if isinstance(self.input, str):
-            return [self.input]
-        texts = []
+            return [("user", self.input)]
+        messages = []
         for item in self.input:
             content = item.get("content", item.get("output", ""))
             if isinstance(content, list):
                 content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            texts.append(str(content or ""))
-        return texts
+            role = item.get("role") or ("tool" if item.get("type") == "function_call_output" else "user")
+            messages.append((role if role in CHAT_ROLES else "user", str(content or "")))
+        return messages
 
 
 def error(message: str, status: int = HTTPStatus.BAD_REQUEST, param: str | None = None) -> Response:
@@ -78,11 +79,11 @@ def error(message: str, status: int = HTTPStatus.BAD_REQUEST, param: str | None 
     return json_response({"error": {"message": message, "type": err_type, "param": param, "code": int(status)}}, status)
 
 
-def usage_shape(usage: dict[str, Any]) -> dict[str, Any]:
-    """Chat usage in the Responses shape."""
+def usage_shape(usage: dict[str, Any], cached_tokens: int) -> dict[str, Any]:
+    """Chat usage in the Responses shape; SGLang reports cached tokens here without `--enable-cache-report`."""
     return {
         "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],
@@ -97,7 +98,7 @@ def status_of(reason: str | None) -> str:
 def response_object(
     body: ResponsesBody, model: str, created: int, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """SGLang's `ResponsesResponse.from_request`, serialized."""
+    """SGLang's `ResponsesResponse.from_request`, serialized; `usage` in the Responses shape (`usage_shape`)."""
     text = body.text if body.text is not None else ({"format": {"type": "text"}} if output else None)
     return {
         "id": body.request_id,
@@ -106,7 +107,7 @@ def response_object(
         "model": model,
         "output": output,
         "status": status,
-        "usage": None if usage is None else usage_shape(usage),
+        "usage": usage,
         "parallel_tool_calls": body.parallel_tool_calls,
         "tool_choice": body.tool_choice,
         "tools": body.tools,
@@ -141,11 +142,11 @@ class ResponseStore:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.responses: dict[str, dict[str, Any]] = {}
-        self.history: dict[str, list[str]] = {}
+        self.history: dict[str, list[tuple[str, str]]] = {}  # (role, text) of each message
         self.running: dict[str, SimRequest] = {}  # background responses still generating
         self.tasks: set[asyncio.Task[None]] = set()  # their tasks, held so none is collected mid-run
 
-    def keep(self, body: ResponsesBody, response: dict[str, Any], text: str, earlier: list[str]) -> None:
+    def keep(self, body: ResponsesBody, response: dict[str, Any], text: str, earlier: list[tuple[str, str]]) -> None:
         """Store `response` unless storing is off or it was cancelled meanwhile."""
         if not (self.enabled and body.store):
             return
@@ -153,7 +154,7 @@ class ResponseStore:
         if stored is not None and stored["status"] == "cancelled":
             return
         self.responses[response["id"]] = response
-        self.history[response["id"]] = [*earlier, *body.input_texts(), text]
+        self.history[response["id"]] = [*earlier, *body.input_messages(), ("assistant", text)]
 
 
 class ResponsesRenderer:
@@ -162,8 +163,10 @@ class ResponsesRenderer:
     done = b""
     stream_content_type = _SSE
 
-    def __init__(self, body: ResponsesBody, model: str, created: int, on_end: Callable[[dict[str, Any], str], None]) -> None:
-        self.body, self.model, self.created, self._on_end = body, model, created, on_end
+    def __init__(
+        self, body: ResponsesBody, req: SimRequest, model: str, created: int, on_end: Callable[[dict[str, Any], str], None]
+    ) -> None:
+        self.body, self.req, self.model, self.created, self._on_end = body, req, model, created, on_end
         self._seq = 0
         self._item = f"msg_{uuid.uuid4().hex}"
         self._text = ""
@@ -211,7 +214,8 @@ class ResponsesRenderer:
 
     def _final(self, text: str, reason: str | None, usage: dict[str, Any]) -> dict[str, Any]:
         output = [_message(self._item, text, "completed")]
-        response = response_object(self.body, self.model, self.created, status_of(reason), output, usage)
+        shaped = usage_shape(usage, self.req.cached_tokens)
+        response = response_object(self.body, self.model, self.created, status_of(reason), output, shaped)
         self._on_end(response, text)
         return response
 
@@ -252,16 +256,17 @@ def add_responses_routes(app: FastAPI, ep: Endpoint, store: ResponseStore) -> No
             return error("background=true requires store=true.", param="store")
         if body.model is not None and body.model != ep.served_model_name:
             return error(f"The model '{body.model}' does not exist", HTTPStatus.NOT_FOUND, "model")
-        earlier: list[str] = []
+        earlier: list[tuple[str, str]] = []
         if body.previous_response_id is not None:
             if (refused := check_id(body.previous_response_id)) is not None:
                 return refused
             earlier = store.history.get(body.previous_response_id, [])
-        texts = ([body.instructions] if body.instructions else []) + earlier + body.input_texts()
+        instructions = [("system", body.instructions)] if body.instructions else []
+        messages = instructions + earlier + body.input_messages()
         try:
             chat = ChatCompletionRequest(
                 model=ep.served_model_name,
-                messages=[ChatMessage(role="user", content=t) for t in texts] or [ChatMessage(role="user", content="")],
+                messages=[ChatMessage(role=r, content=t) for r, t in messages] or [ChatMessage(role="user", content="")],
                 max_completion_tokens=body.max_output_tokens,
                 stream=body.stream,
                 stop=body.stop,
@@ -273,7 +278,7 @@ def add_responses_routes(app: FastAPI, ep: Endpoint, store: ResponseStore) -> No
         renderers: list[ResponsesRenderer] = []
 
         def renderer(req: SimRequest, model: str) -> ResponsesRenderer:
-            made = ResponsesRenderer(body, model, created, lambda resp, text: store.keep(body, resp, text, earlier))
+            made = ResponsesRenderer(body, req, model, created, lambda resp, text: store.keep(body, resp, text, earlier))
             renderers.append(made)
             return made
 
@@ -325,4 +330,5 @@ async def _finish_in_background(ep: Endpoint, store: ResponseStore, req: SimRequ
     if req.text_limit is not None:
         text = text[: req.text_limit]
     ep.engine.abort(req)  # frees its engine bookkeeping, as the response object would
-    renderer.complete(text, req.finish_reason or "abort", req.matched_stop, usage_of(req, None))
+    # The Responses shape takes its cached tokens from the request, whatever `--enable-cache-report` says.
+    renderer.complete(text, req.finish_reason or "abort", req.matched_stop, usage_of(req, None, cache_report=False))

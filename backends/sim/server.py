@@ -13,6 +13,7 @@ import socket
 import uvicorn
 
 from backends.sim.app import apply_fault, create_app
+from backends.sim.core import EngineCore
 from backends.sim.endpoint import Endpoint
 from backends.sim.engine import Engine
 from backends.sim.faults import FaultState
@@ -75,14 +76,14 @@ class SimProcess:
         cap = settings.running_cap(role)
         if cap is not None:
             table = table.model_copy(update={"max_running_requests": cap})
-        engine = Engine(
+        core = EngineCore(
             table,
             StepModel(table, seed=settings.seed * 1000 + index),
-            timeline,
             text,
-            time_scale=settings.time_scale,
             max_prefill_tokens=self.profile.max_prefill_tokens,
+            radix_cache=not settings.disable_radix_cache,
         )
+        engine = Engine(core, timeline, time_scale=settings.time_scale)
         served = settings.served_model_name or self.profile.model_path
         metrics = None
         if settings.enable_metrics:
@@ -92,7 +93,7 @@ class SimProcess:
                 context_length=self.profile.context_length,
                 extra_labels=settings.metric_labels(role),
             )
-            engine.observer = metrics
+            core.observer = metrics
         endpoint = Endpoint(
             role=role,
             host=settings.host,

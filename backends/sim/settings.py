@@ -50,6 +50,8 @@ class SimSettings(BaseModel):
     plain_max_running_requests: int | None = Field(default=None, ge=1)
     enable_test_endpoints: bool = False
     enable_response_store: bool = False  # SGLang's --enable-response-store: keep Responses API responses
+    disable_radix_cache: bool = False  # SGLang's --disable-radix-cache: no prefix cache
+    enable_cache_report: bool = False  # SGLang's --enable-cache-report: cached tokens in chat/completions usage
     test_faults: list[FaultSpec] = Field(default_factory=list)
     drain_timeout: float = Field(default=30.0, ge=0, description="wall seconds SIGTERM waits for running requests")
     log_level: LogLevel = "info"

@@ -46,14 +46,14 @@ def model_info(ep: Endpoint) -> dict[str, Any]:
 
 def server_info(ep: Endpoint) -> dict[str, Any]:
     """`GET /server_info`: the server arguments SGLang reports, scheduler info and per-rank internal state."""
-    table, engine = ep.table, ep.engine
+    table, core = ep.table, ep.engine.core
     speculative = table.speculative
     state: dict[str, Any] = {
-        "last_gen_throughput": engine.gen_throughput(),
+        "last_gen_throughput": core.gen_throughput(time.monotonic()),
         "memory_usage": _memory(ep),
     }
     if speculative:
-        state["avg_spec_accept_length"] = engine.accept_length()
+        state["avg_spec_accept_length"] = core.accept_length()
     return {
         "model_path": ep.profile.model_path,
         "tokenizer_path": ep.profile.model_path,
@@ -74,6 +74,8 @@ def server_info(ep: Endpoint) -> dict[str, Any]:
         "speculative_num_draft_tokens": table.num_draft_tokens if speculative else None,
         "speculative_adaptive": ep.role == "adaptive",
         "enable_metrics": ep.metrics is not None,
+        "disable_radix_cache": ep.settings.disable_radix_cache,
+        "enable_cache_report": ep.settings.enable_cache_report,
         "skip_server_warmup": False,
         "max_total_num_tokens": table.max_total_tokens,
         "max_req_input_len": min(ep.profile.context_length, table.max_total_tokens) - 1,
@@ -112,27 +114,27 @@ def _memory(ep: Endpoint) -> dict[str, Any]:
 
 def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
     """One `loads[]` entry of `/v1/loads` (rank 0, the only rank); `include` as validated by the caller."""
-    engine, table = ep.engine, ep.table
-    running, used = len(engine.running), engine.used_tokens()
+    core, table = ep.engine.core, ep.table
+    running, used = len(core.running), core.used_tokens()
     capacity = table.max_total_tokens
     entry: dict[str, Any] = {
         "timestamp": time.time(),
         "dp_rank": 0,
         "num_running_reqs": running,
-        "num_waiting_reqs": len(engine.waiting),
-        "num_waiting_uncached_tokens": engine.waiting_prompt_tokens(),
+        "num_waiting_reqs": len(core.waiting),
+        "num_waiting_uncached_tokens": core.waiting_uncached_tokens(),
         "num_used_tokens": used,
-        "num_total_tokens": engine.kv_reserved,
+        "num_total_tokens": core.reserved_tokens(),
         "num_active_tokens": used,
         "num_prealloc_ready_tokens": 0,
         "max_total_num_tokens": capacity,
         "max_running_requests": table.max_running_requests,
         "token_usage": used / capacity,
-        "gen_throughput": engine.gen_throughput(),
-        "cache_hit_rate": 0.0,
+        "gen_throughput": core.gen_throughput(time.monotonic()),
+        "cache_hit_rate": round(core.cache_hit_rate, 4),
         "utilization": running / table.max_running_requests,
-        "total_prefill_uncached_tokens": engine.prefill_tokens_total,
-        "total_prefill_busy_us": int(engine.prefill_busy_seconds * 1e6 * ep.settings.time_scale),
+        "total_prefill_uncached_tokens": core.prefill_tokens_total,
+        "total_prefill_busy_us": int(core.prefill_busy_seconds * 1e6 * ep.settings.time_scale),
         "decode_moments": None,  # SGLang's decode step-time moment sums; the sim does not keep them
     }
     sections = include or {"all"}
@@ -140,7 +142,7 @@ def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
     if every or "memory" in sections:
         entry["memory"] = _memory(ep)
     if table.speculative and (every or "spec" in sections):
-        accept = engine.accept_length()
+        accept = core.accept_length()
         entry["speculative"] = {"accept_length": accept, "accept_rate": (accept - 1.0) / (table.num_draft_tokens - 1)}
     if every or "disagg" in sections:  # SGLang reports it on every server; "null" outside PD disaggregation
         entry["disaggregation"] = {
@@ -155,7 +157,7 @@ def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
         }
     if every or "queues" in sections:
         entry["queues"] = {
-            "waiting": len(engine.waiting),
+            "waiting": len(core.waiting),
             "grammar": 0,
             "paused": 0,
             "retracted": 0,

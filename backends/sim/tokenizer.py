@@ -2,8 +2,10 @@
 
 Token counting is the shared rule of `tokencount` (one token per word, plus one per further 4
 characters of a long word), so a synthetic prompt of N words of up to 4 characters is N prompt
-tokens; the load generator counts with the same rule. Chat requests add a fixed chat-template
-overhead per message, like a real template's role headers.
+tokens; the load generator counts with the same rule. Token ids come from `vocab`. A chat prompt
+is tokenized as a Llama-3-style template would: per message a 3-token role header, the content, an
+end-of-turn token; then the assistant's header opens the reply. So a finished turn's prompt plus
+its output is a prefix of the next turn's templated prompt, as a prefix cache needs.
 
 Generated text is a stream of short words (each a single token under the rule above, with a
 leading space), taken from a fixed pseudo-random word sequence chosen by the server's seed; where
@@ -17,9 +19,17 @@ import random
 import zlib
 from collections.abc import Iterable
 
+from backends.sim import vocab
 from tokencount import ONE_TOKEN_WORDS, count_tokens
 
-__all__ = ["CHAT_REPLY_PRIMER_TOKENS", "CHAT_TOKENS_PER_MESSAGE", "PseudoText", "count_chat_tokens", "count_tokens"]
+__all__ = [
+    "CHAT_REPLY_PRIMER_TOKENS",
+    "CHAT_TOKENS_PER_MESSAGE",
+    "PseudoText",
+    "chat_prompt_ids",
+    "count_chat_tokens",
+    "count_tokens",
+]
 
 # Template tokens around each chat message (role header, end-of-turn) and before the reply.
 CHAT_TOKENS_PER_MESSAGE = 4
@@ -36,6 +46,27 @@ def count_chat_tokens(message_texts: Iterable[str]) -> int:
     return total
 
 
+def _header(role: str) -> list[int]:
+    return [vocab.START_HEADER_ID, vocab.role_id(role), vocab.END_HEADER_ID]
+
+
+_REPLY_PRIMER = _header("assistant")
+
+
+def chat_prompt_ids(messages: Iterable[tuple[str, str]]) -> list[int]:
+    """Token ids of a chat prompt of (role, text) messages, ending with the assistant's header.
+
+    As many as `count_chat_tokens` of the texts.
+    """
+    ids: list[int] = []
+    for role, text in messages:
+        ids += _header(role)
+        ids += vocab.encode(text)
+        ids.append(vocab.END_OF_TURN_ID)
+    ids += _REPLY_PRIMER
+    return ids
+
+
 class PseudoText:
     """The simulated model's output: a seeded cycle of one-token words; a request reads a window of it."""
 
@@ -48,6 +79,8 @@ class PseudoText:
         self._offsets = [0]
         for word in words + words:
             self._offsets.append(self._offsets[-1] + len(word))
+        ids = [vocab.word_id(word[1:]) for word in words]
+        self._ids = ids + ids
 
     def start_for(self, prompt_key: str) -> int:
         """Where in the cycle the output for this prompt starts."""
@@ -62,3 +95,13 @@ class PseudoText:
             pieces.append(self._text[self._offsets[index] : self._offsets[index + take]])
             count -= take
         return "".join(pieces)
+
+    def token_ids(self, start: int, first: int, count: int) -> list[int]:
+        """Token ids of the same output tokens as `text(start, first, count)`, which they encode to."""
+        ids: list[int] = []
+        index = (start + first) % self.length
+        while count > 0:
+            take = min(count, self.length)
+            ids += self._ids[index : index + take]
+            count -= take
+        return ids

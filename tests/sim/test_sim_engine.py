@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from backends.sim.engine import Engine, RequestError, SimRequest
+from backends.sim.core import EngineCore
+from backends.sim.engine import Engine
 from backends.sim.profiles import RoleProfile
+from backends.sim.request import RequestError, SimRequest
 from backends.sim.steps import StepModel
 from backends.sim.timeline import Timeline
 from backends.sim.tokenizer import PseudoText
@@ -32,9 +34,10 @@ def table(**overrides: Any) -> RoleProfile:
 
 
 def request(prompt: int = 10, max_new: int = 5, **extra: Any) -> SimRequest:
-    return SimRequest(
-        rid=f"r{next(_ids)}", prompt_tokens=prompt, max_new_tokens=max_new, is_streaming=True, text_start=0, **extra
-    )
+    """A request whose prompt shares no token with any other's, so the prefix cache serves nothing."""
+    n = next(_ids)
+    ids = list(range(n * 1_000_000, n * 1_000_000 + prompt))
+    return SimRequest(rid=f"r{n}", prompt_ids=ids, max_new_tokens=max_new, is_streaming=True, text_start=0, **extra)
 
 
 EngineMaker = Callable[..., Engine]
@@ -46,14 +49,8 @@ async def make_engine() -> AsyncIterator[EngineMaker]:
 
     def make(timeline: Timeline | None = None, max_prefill_tokens: int = 16384, **overrides: Any) -> Engine:
         t = table(**overrides)
-        engine = Engine(
-            t,
-            StepModel(t, seed=0),
-            timeline or Timeline(),
-            PseudoText(0),
-            time_scale=1.0,
-            max_prefill_tokens=max_prefill_tokens,
-        )
+        core = EngineCore(t, StepModel(t, seed=0), PseudoText(0), max_prefill_tokens=max_prefill_tokens)
+        engine = Engine(core, timeline or Timeline(), time_scale=1.0)
         tasks.append(asyncio.create_task(engine.run()))
         return engine
 
@@ -87,7 +84,7 @@ async def test_running_cap_queues_the_rest(make_engine: EngineMaker) -> None:
         engine.submit(r)
     await asyncio.sleep(0.05)
     assert [r.state for r in reqs] == ["running", "running", "waiting"]
-    assert len(engine.waiting) == 1
+    assert len(engine.core.waiting) == 1
 
 
 async def test_kv_reservation_makes_requests_queue_until_freed(make_engine: EngineMaker) -> None:
@@ -96,10 +93,10 @@ async def test_kv_reservation_makes_requests_queue_until_freed(make_engine: Engi
     engine.submit(first)
     engine.submit(second)
     await asyncio.sleep(0.01)
-    assert first.state == "running" and second.state == "waiting" and engine.kv_reserved == 60
+    assert first.state == "running" and second.state == "waiting" and engine.core.reserved_tokens() == 60
     await finished(first)
     await finished(second)
-    assert second.produced == 50 and engine.kv_reserved == 0
+    assert second.produced == 50 and engine.core.reserved_tokens() == 0
 
 
 async def test_a_request_that_can_never_fit_is_refused(make_engine: EngineMaker) -> None:
@@ -117,7 +114,7 @@ async def test_abort_frees_the_slot_and_kv_at_once(make_engine: EngineMaker) -> 
     await asyncio.sleep(0.05)
     assert engine.abort(running)
     assert running.state == "aborted" and running.finish_reason == "abort"
-    assert not engine.running and engine.kv_reserved == 0 and engine.num_aborted == 1
+    assert not engine.core.running and engine.core.reserved_tokens() == 0 and engine.core.num_aborted == 1
     assert not engine.abort(running)  # already gone
     await finished(queued)
     assert queued.finish_reason == "length"
@@ -130,7 +127,7 @@ async def test_abort_of_a_queued_request(make_engine: EngineMaker) -> None:
     engine.submit(queued)
     await asyncio.sleep(0.01)
     assert queued.state == "waiting"
-    assert engine.abort(queued) and not engine.waiting and queued.state == "aborted"
+    assert engine.abort(queued) and not engine.core.waiting and queued.state == "aborted"
 
 
 async def test_prefill_budget_spreads_joins_over_steps(make_engine: EngineMaker) -> None:
@@ -181,8 +178,8 @@ async def test_engines_sharing_a_timeline_take_turns(make_engine: EngineMaker) -
     for engine in (alone, a, b):
         engine.submit(request(max_new=90000))
     await asyncio.sleep(0.4)
-    assert a.num_steps + b.num_steps == pytest.approx(alone.num_steps, rel=0.2)
-    assert a.num_steps == pytest.approx(b.num_steps, rel=0.2)  # the lock is fair
+    assert a.core.num_steps + b.core.num_steps == pytest.approx(alone.core.num_steps, rel=0.2)
+    assert a.core.num_steps == pytest.approx(b.core.num_steps, rel=0.2)  # the lock is fair
 
 
 async def test_freeze_stalls_and_thaw_resumes(make_engine: EngineMaker) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 import zlib
 
+from backends.sim import vocab
 from backends.sim.tokenizer import (
     CHAT_REPLY_PRIMER_TOKENS,
     CHAT_TOKENS_PER_MESSAGE,
     PseudoText,
+    chat_prompt_ids,
     count_chat_tokens,
     count_tokens,
 )
@@ -54,3 +56,38 @@ def test_seeded_text_and_prompts_are_pinned() -> None:
     # The word list and the rule moved to `tokencount`; a seed must keep giving the same bytes.
     assert zlib.crc32(PseudoText(seed=0).text(0, 0, 8192).encode()) == 2341596212
     assert zlib.crc32(PromptFactory(64, 8, seed=0).next().prompt.encode()) == 38210480
+
+
+def test_token_ids_follow_the_count_rule_and_equal_text_gives_equal_ids() -> None:
+    text = "the tokenizer  of\tmany   words"
+    assert len(vocab.encode(text)) == count_tokens(text) == 8
+    assert vocab.encode(text) == vocab.encode(text.replace("  ", " "))
+    assert vocab.encode("the sea") != vocab.encode("the see")
+    assert vocab.decode(vocab.encode(" the sea")) == " the sea"
+
+
+def test_pseudo_text_ids_are_the_ids_of_its_text() -> None:
+    text = PseudoText(seed=3)
+    for start, first, count in ((0, 0, 40), (8000, 150, 500), (17, 0, 9000)):
+        assert text.token_ids(start, first, count) == vocab.encode(text.text(start, first, count))
+
+
+def test_chat_prompt_is_templated_and_counted_as_before() -> None:
+    messages = [("system", "be brief"), ("user", "what is the tokenizer")]
+    ids = chat_prompt_ids(messages)
+    assert len(ids) == count_chat_tokens(text for _, text in messages)
+    header = [vocab.START_HEADER_ID, vocab.role_id("user"), vocab.END_HEADER_ID]
+    assert ids[: len(header)] != header  # the system message comes first, with its own role token
+    assert ids[-3:] == [vocab.START_HEADER_ID, vocab.role_id("assistant"), vocab.END_HEADER_ID]
+    assert ids.count(vocab.END_OF_TURN_ID) == 2
+
+
+def test_a_finished_turn_is_a_prefix_of_the_next_turns_prompt() -> None:
+    text = PseudoText(seed=0)
+    turn1 = [("user", "tell me about the sea")]
+    prompt1 = chat_prompt_ids(turn1)
+    answer = text.text(text.start_for("tell me about the sea"), 0, 30)
+    output = text.token_ids(text.start_for("tell me about the sea"), 0, 30)
+    prompt2 = chat_prompt_ids([*turn1, ("assistant", answer), ("user", "and the land")])
+    assert prompt2[: len(prompt1) + len(output)] == prompt1 + output
+    assert prompt2[len(prompt1) + len(output)] == vocab.END_OF_TURN_ID  # the template tail the model never wrote
