@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from loadtest.results import Health, LevelResult
+from loadtest.results import LevelResult
+from loadtest.verdicts import Health
 
 # Limits past which a level's numbers may reflect the machine rather than the server: the load
 # generator's loop woke late (shifts every timestamp it takes), it used most of a core, the whole

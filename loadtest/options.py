@@ -40,8 +40,6 @@ def sweep_options(func: click.decorators.FC) -> click.decorators.FC:
     """Options shared by `sweep` and `envelope` that shape the requests."""
     options = [
         click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True, help="prompt tokens"),
-        click.option("--range-ratio", type=click.FloatRange(0.0, 1.0), default=1.0, show_default=True,
-                     help="draw lengths uniformly from [R*L, L] (1 = fixed, as bench_serving's --random-range-ratio)"),
         click.option("--stream/--no-stream", default=True, show_default=True),
         click.option("--api-key", default=None, help="sent as Authorization: Bearer KEY"),
         click.option("--min-requests-per-level", "min_requests", type=click.IntRange(min=0), default=16, show_default=True,

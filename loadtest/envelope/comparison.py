@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from loadtest.report import fixed, share_text
-from loadtest.results import BoundCheck, Comparison, EnvelopeVerdict, LevelResult, ResultsDocument
+from loadtest.results import LevelResult, ResultsDocument
+from loadtest.verdicts import BoundCheck, Comparison, EnvelopeVerdict
 
 # What files written before results recorded their comparison compared: specgate against its two servers.
 LEGACY_COMPARISON = Comparison("specgate", ("eagle", "plain"))

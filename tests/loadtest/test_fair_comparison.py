@@ -16,8 +16,9 @@ from backends.resolve import PlanError
 from loadtest.envelope.fair import Hardware, eagle_dp_cap, merge_levels, specgate_config
 from loadtest.envelope.harness import StackSettings
 from loadtest.report import build_document
-from loadtest.results import Comparison, LevelResult, ResultsDocument
+from loadtest.results import LevelResult, ResultsDocument
 from loadtest.sweep import Level, RequestsPerLevel, SweepSettings, Target
+from loadtest.verdicts import Comparison
 from tests.loadtest.test_report import target_level
 
 FAIR = Comparison("specgate", ("plain-dp", "eagle-dp", "adaptive-dp"), CARRYING_WITHIN, "same-hardware")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ LINES = [
 ]
 
 
-def write(tmp_path: Path, lines: list[object]) -> Path:
+def write(tmp_path: Path, lines: Sequence[object]) -> Path:
     path = tmp_path / "trace.jsonl"
     path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
     return path
