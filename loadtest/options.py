@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from loadtest.sweep import RequestsPerLevel, Target
+from loadtest.sweep import Target
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
 
@@ -26,14 +26,6 @@ def parse_targets(values: tuple[str, ...]) -> list[Target]:
     if len(set(names)) != len(names):
         raise click.BadParameter(f"target names must be unique, got {names}", param_hint="--target")
     return targets
-
-
-def parse_requests(value: str, minimum: int = 0) -> RequestsPerLevel:
-    """`--requests-per-level` value (click error on bad input)."""
-    try:
-        return RequestsPerLevel.parse(value, minimum)
-    except ValueError as exc:
-        raise bad_parameter("--requests-per-level", exc) from None
 
 
 def sweep_options(func: click.decorators.FC) -> click.decorators.FC:

@@ -60,17 +60,26 @@ class BoundCheck:
     bound: float
     met: bool
     worst: float | None  # None when no level measured the ratio
-    worst_at: float | None  # the worst level's concurrency, or its rate for an open loop
+    worst_at: float | None  # the worst level's concurrency (its rate or offered rate for an open loop)
+    worst_level: str | None = None  # its label (`C=4`, `2/s`, `trace x0.5`); None in files written before
+
+    @property
+    def where(self) -> str:
+        """The worst level as the report names it."""
+        return self.worst_level if self.worst_level is not None else f"C={self.worst_at}"
 
     def to_json(self) -> Json:
         """One entry of `envelope.checks`."""
-        return {"name": self.name, "op": self.op, "bound": self.bound, "met": self.met,
-                "worst": self.worst, "worst_at": self.worst_at}
+        out: Json = {"name": self.name, "op": self.op, "bound": self.bound, "met": self.met,
+                     "worst": self.worst, "worst_at": self.worst_at}
+        if self.worst_level is not None:
+            out["worst_level"] = self.worst_level
+        return out
 
     @classmethod
     def from_json(cls, raw: Json) -> BoundCheck:
         """Read one check."""
-        return cls(raw["name"], raw["op"], raw["bound"], raw["met"], raw["worst"], raw["worst_at"])
+        return cls(raw["name"], raw["op"], raw["bound"], raw["met"], raw["worst"], raw["worst_at"], raw.get("worst_level"))
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,7 @@ def test_health_flags_a_lagging_load_generator() -> None:
         (["envelope", "--profile", "field-8gpu", "--policy-param", "oops", "--out", "x"], "KEY=VALUE"),
         (["sweep", "--target", "a=http://x", "--dataset", "chat-logs", "--out", "x"], "'chat-logs' is not one of"),
         (["sweep", "--target", "a=http://x", "--burstiness", "0", "--out", "x"], "--burstiness"),
+        (["envelope", "--profile", "field-8gpu", "--request-rate", "1", "--burstiness", "-1", "--out", "x"], "--burstiness"),
         (["sweep", "--target", "a=http://x", "--request-rate", "0", "--out", "x"], "positive"),
         (["sweep", "--target", "a=http://x", "--dataset", "trace", "--out", "x"], "needs --trace FILE"),
         (["sweep", "--target", "a=http://x", "--trace", "/no/such/trace.jsonl", "--dataset", "trace", "--out", "x"],
@@ -210,3 +211,25 @@ def test_cache_hits_goodput_and_tiers_reach_results_json_csv_and_the_report(tmp_
     assert "Poisson arrivals; service tiers priority=0.5; goodput SLOs TTFT <= 150 ms" in report
     assert "| 2/s | a | 2.00 | 2.00 | 2.00 | 25.0% |" in report
     assert "| 2/s | a | priority | 1 | 1 | 1.00 |" in report
+
+
+def test_the_envelope_checks_latency_ratios_and_failures_at_open_loop_levels() -> None:
+    levels = [replace(lv, concurrency=None, request_rate=rate, offered_request_s=rate)
+              for lv, rate in zip(envelope_results(), (4.0, 8.0), strict=True)]
+    failing = replace(levels[1].targets["plain"].stats, failed=2)
+    levels[1] = replace(levels[1], targets={**levels[1].targets, "plain": TargetResult(failing, MONITOR)})
+    settings = replace(SETTINGS, levels=(Level(request_rate=4.0), Level(request_rate=8.0)))
+    doc = build_document("envelope", levels, TARGETS, settings, "x")
+    bounds = [Bound("ttft_p50_ratio", "<=", 1.0), Bound("e2e_p99_ratio", "<=", 1.06), Bound("failed_requests", "<=", 0.0)]
+    doc = add_ratios(doc, COMPARISON, bounds)
+    assert [lv.ratios["failed_requests"] for lv in doc.levels] == [0, 2]
+    # E2E = 10 ms + the gaps: specgate 98 tokens 5.2 ms apart against plain's 50 at 10 ms, then 90 at 8.4 against eagle's 60 at 12.
+    assert doc.levels[0].ratios["e2e_p50_ratio"] == pytest.approx((0.01 + 0.0052 * 97) / (0.01 + 0.01 * 49))
+    assert doc.levels[1].ratios["e2e_p99_ratio"] == pytest.approx((0.01 + 0.0084 * 89) / (0.01 + 0.012 * 59))
+    assert doc.levels[1].best is not None and doc.levels[1].best["e2e_p99"] == "eagle"
+    assert doc.envelope is not None
+    ttft, e2e, failed = doc.envelope.checks
+    assert ttft.met and e2e.met and (e2e.worst_at, failed.met, failed.worst_at) == (8.0, False, 8.0)
+    section = "\n".join(envelope_markdown(doc))
+    assert "| level | better throughput |" in section and "| TTFT p50 ratio | E2E p50 ratio | E2E p99 ratio | failed requests |" in section
+    assert "| 8/s | plain 100.0 |" in section and "failed_requests <= 0.0: NOT met (worst 2 at 8/s)" in section

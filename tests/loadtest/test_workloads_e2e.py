@@ -1,5 +1,5 @@
 """Workloads end to end against the simulator: conversations re-send the answers it really gave,
-and shared prefixes, conversations and trace windows go through `sweep`."""
+shared prefixes and trace windows go through `sweep`, and the envelope runs open-loop levels."""
 
 from __future__ import annotations
 
@@ -90,3 +90,25 @@ def test_shared_prefix_multi_turn_and_trace_sweeps(tmp_path: Path) -> None:
         t = lv["targets"]["sim"]
         assert t["completed"] == 3 and t["total_output_tokens"] == 15 and t["total_input_tokens"] == 1500  # exact lengths
     assert "| trace x0.5 | sim |" in (tmp_path / "trace" / "report.md").read_text()
+
+
+def test_the_envelope_runs_open_loop_levels_with_its_new_bounds(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "envelope", "--compare", "single", "--profile", "field-8gpu", "--policy", "threshold", "--request-rate", "10,20",
+        "--requests-per-level", "6", "--dataset", "multi-turn", "--turns", "2", "--think-time", "0.05", "--tenants", "1",
+        "--system-prompt-len", "32", "--output-len", "8", "--input-len", "8", "--warmup", "1",
+        "--min-throughput-ratio", "0.01", "--max-tpot-ratio", "100", "--max-ttft-p50-ratio", "100",
+        "--max-e2e-p50-ratio", "100", "--max-e2e-p99-ratio", "100", "--no-failed", "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "results.json").read_text())
+    scale = doc["stack"]["time_scale"]
+    assert doc["mode"] == "open-loop" and scale == 0.5  # field-8gpu at these rates: the floor
+    assert [lv["offered_request_s"] for lv in doc["levels"]] == [10 / scale, 20 / scale]  # the model's rate, on the wall clock
+    for level in doc["levels"]:
+        assert level["failed_requests"] == 0 and level["e2e_p99_ratio"] > 0
+        assert all(t["completed"] == 6 for t in level["targets"].values())
+    assert [c["name"] for c in doc["envelope"]["checks"]] == [
+        "throughput_ratio", "tpot_ratio", "ttft_p50_ratio", "e2e_p50_ratio", "e2e_p99_ratio", "failed_requests"]
+    assert doc["envelope"]["all_met"] and "failed_requests <= 0.0: met (worst 0 at" in result.output
+    assert "| 10/s |" in (tmp_path / "report.md").read_text()
