@@ -33,7 +33,7 @@ def assess(levels: Sequence[LevelResult]) -> Health:
     worst_balancer: float | None = None
     flagged: list[str] = []
     for level in levels:
-        where = f"C={level.concurrency}" if level.concurrency is not None else f"rate={level.request_rate}"
+        where = level.label
         for name, t in level.targets.items():
             mon = t.monitor
             lag = mon.loop_lag_p99_ms or 0.0
