@@ -19,6 +19,7 @@ import orjson
 
 from loadtest.stats import LATENCY_METRICS, Distribution, LevelStats, TierStats, TrafficStats
 from loadtest.verdicts import EnvelopeVerdict, Health
+from loadtest.workloads.level import Level
 
 Json = dict[str, Any]
 _STATS = ("p50", "p90", "p99", "mean")
@@ -157,11 +158,7 @@ class LevelResult:
     @property
     def label(self) -> str:
         """`C=8`, `4/s` or `trace x0.5`."""
-        if self.concurrency is not None:
-            return f"C={self.concurrency}"
-        if self.trace_time_scale is not None:
-            return f"trace x{self.trace_time_scale:g}"
-        return f"{self.request_rate:g}/s"
+        return Level(self.concurrency, self.request_rate, self.trace_time_scale).label
 
     @property
     def x(self) -> float | None:

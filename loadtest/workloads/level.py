@@ -49,12 +49,13 @@ class Level:
 
     @property
     def label(self) -> str:
-        """Short text for progress output: `C=8`, `rate=4/s` or `trace x0.5`."""
+        """The level in a report or progress line: `C=8`, `4/s` or `trace x0.5`."""
         if self.concurrency is not None:
             return f"C={self.concurrency}"
         if self.trace_time_scale is not None:
             return f"trace x{self.trace_time_scale:g}"
-        return f"rate={self.request_rate:g}/s"
+        # An infinite rate reads back from results.json as None (JSON has no infinity).
+        return "inf/s" if self.request_rate is None else f"{self.request_rate:g}/s"
 
 
 @dataclass(frozen=True)

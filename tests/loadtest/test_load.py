@@ -140,6 +140,7 @@ def test_levels_parse_closed_and_open_loop() -> None:
 def test_trace_levels_parse_time_scales() -> None:
     assert parse_trace_levels("1, 0.5") == (Level(trace_time_scale=1.0), Level(trace_time_scale=0.5))
     assert Level(trace_time_scale=0.25).label == "trace x0.25"
+    assert [Level(request_rate=r).label for r in (2.5, math.inf, None)] == ["2.5/s", "inf/s", "inf/s"]
     for bad in ("0", "-1", "inf", "a", ""):
         with pytest.raises(ValueError):
             parse_trace_levels(bad)

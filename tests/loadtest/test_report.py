@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from loadtest.cli import main
 from loadtest.envelope.comparison import Bound, add_ratios, envelope_markdown
 from loadtest.records import LevelRun, RequestRecord
-from loadtest.report import build_document, write_all
+from loadtest.report import build_document, markdown, write_all
 from loadtest.results import LevelResult, Monitor, ResultsDocument, TargetResult
 from loadtest.stats import Slo, level_stats
 from loadtest.sweep import Level, RequestsPerLevel, SweepSettings, Target
@@ -233,3 +234,12 @@ def test_the_envelope_checks_latency_ratios_and_failures_at_open_loop_levels() -
     section = "\n".join(envelope_markdown(doc))
     assert "| level | better throughput |" in section and "| TTFT p50 ratio | E2E p50 ratio | E2E p99 ratio | failed requests |" in section
     assert "| 8/s | plain 100.0 |" in section and "failed_requests <= 0.0: NOT met (worst 2 at 8/s)" in section
+
+
+def test_a_file_with_an_infinite_rate_renders_again(tmp_path: Path) -> None:
+    stats = level_stats(traffic_run(0, (None,)))
+    level = LevelResult(None, math.inf, 1, {"a": TargetResult(stats, MONITOR)}, offered_request_s=math.inf)
+    doc = build_document("sweep", [level], [Target("a", "http://a")], replace(SETTINGS, levels=(Level(request_rate=math.inf),)), "x")
+    write_all(doc, tmp_path)
+    again = ResultsDocument.load(tmp_path / "results.json")
+    assert again.levels[0].request_rate is None and "| inf/s | a |" in markdown(again)
