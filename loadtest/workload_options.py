@@ -121,8 +121,8 @@ class WorkloadChoice:
     def requests(self, text: str | None, minimum: int, levels: tuple[Level, ...]) -> RequestsPerLevel:
         """`--requests-per-level` (and its minimum, closed loop only) for these levels."""
         if text is not None and isinstance(self.dataset, SharedPrefix | TraceReplay):
-            raise click.UsageError(f"--requests-per-level does not apply to --dataset {self.dataset.name}: a level sends "
-                                   + ("every group's requests" if isinstance(self.dataset, SharedPrefix) else "the trace's window"))
+            sends = "every group's requests" if isinstance(self.dataset, SharedPrefix) else "the trace's window"
+            raise click.UsageError(f"--requests-per-level does not apply to --dataset {self.dataset.name}: a level sends {sends}")
         closed = levels[0].concurrency is not None
         try:
             per_level = RequestsPerLevel.parse(text or ("4x" if closed else "64"), minimum if closed else 0)

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from loadtest.workloads.lengths import LengthDist
+from loadtest.workloads.text import Text, Words
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,6 @@ class Draw:
         """The name of a text of this level (see `loadtest.workloads.text.Words`)."""
         return f"{self.seed}/{self.index}/{name}"
 
-    def input_length(self, rng: random.Random) -> int:
-        """One input length."""
-        return self.lengths.draw(rng, self.input_len)
-
-    def output_length(self, rng: random.Random) -> int:
-        """One output length."""
-        return self.lengths.draw(rng, self.output_len)
+    def words(self, name: str, length: int, rng: random.Random) -> Text:
+        """The text `name` of this level, its length drawn around `length` (none for 0)."""
+        return (Words(self.key(name), self.lengths.draw(rng, length)),) if length else ()

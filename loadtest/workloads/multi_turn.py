@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 from loadtest.workloads.arrivals import schedule
 from loadtest.workloads.level import Draw
 from loadtest.workloads.plan import Plan, Session, Turn
-from loadtest.workloads.text import Words
 
 
 @dataclass(frozen=True)
@@ -49,19 +48,19 @@ class MultiTurn:
     def plan(self, draw: Draw) -> Plan:
         """The level's plan."""
         rng = draw.rng(self.name)
-        systems = [Words(draw.key(f"tenant{t}"), draw.lengths.draw(rng, self.system_prompt_len)) for t in range(self.tenants)]
+        systems = [draw.words(f"tenant{t}", self.system_prompt_len, rng) for t in range(self.tenants)]
         sessions = []
         for conversation in range(self.conversations(draw)):
             system = systems[rng.randrange(self.tenants)]
             turns = tuple(
                 Turn(
-                    (Words(draw.key(f"user{conversation}.{k}"), draw.input_length(rng)),),
-                    draw.output_length(rng),
+                    draw.words(f"user{conversation}.{k}", draw.input_len, rng),
+                    draw.lengths.draw(rng, draw.output_len),
                     think_s=rng.expovariate(1.0 / self.think_time_s) if k and self.think_time_s else 0.0,
                 )
                 for k in range(self.turns)
             )
-            sessions.append(Session(turns, system=(system,) if system.count else ()))
+            sessions.append(Session(turns, system=system))
         return schedule(sessions, draw)
 
     def settings(self) -> dict[str, Any]:

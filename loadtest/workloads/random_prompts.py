@@ -23,8 +23,9 @@ class RandomPrompts:
 
     def plan(self, draw: Draw) -> Plan:
         """The level's plan."""
-        factory = PromptFactory(draw.input_len, draw.output_len, seed=draw.seed * 1_000_003 + draw.index, lengths=draw.lengths)
-        return schedule([Session((Turn((spec.prompt,), spec.output_len),)) for spec in factory.take(draw.requests)], draw)
+        seed = draw.seed * 1_000_003 + draw.index
+        specs = PromptFactory(draw.input_len, draw.output_len, seed=seed, lengths=draw.lengths).take(draw.requests)
+        return schedule([Session((Turn((spec.prompt,), spec.output_len),)) for spec in specs], draw)
 
     def settings(self) -> dict[str, Any]:
         """The dataset's options, for results.json."""

@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 from loadtest.workloads.arrivals import schedule
 from loadtest.workloads.level import Draw
 from loadtest.workloads.plan import Plan, Session, Turn
-from loadtest.workloads.text import Words
 
 
 @dataclass(frozen=True)
@@ -42,11 +41,10 @@ class SharedPrefix:
         rng = draw.rng(self.name)
         sessions = []
         for group in range(self.num_groups):
-            system = Words(draw.key(f"system{group}"), draw.lengths.draw(rng, self.system_prompt_len)) if self.system_prompt_len else None
+            system = draw.words(f"system{group}", self.system_prompt_len, rng)
             for prompt in range(self.prompts_per_group):
-                question = Words(draw.key(f"question{group}.{prompt}"), draw.lengths.draw(rng, self.question_len))
-                turn = Turn((question,), draw.lengths.draw(rng, self.output_len))
-                sessions.append(Session((turn,), system=(system,) if system else ()))
+                question = draw.words(f"question{group}.{prompt}", self.question_len, rng)
+                sessions.append(Session((Turn(question, draw.lengths.draw(rng, self.output_len)),), system=system))
         rng.shuffle(sessions)
         return schedule(sessions, draw)
 

@@ -77,13 +77,16 @@ def _parse(line: bytes, path: Path, number: int) -> TraceRequest:
     if not isinstance(stamp, int | float) or isinstance(stamp, bool) or not 0 <= stamp < math.inf:
         raise TraceError(f"{where}: timestamp must be a non-negative number of ms, got {stamp!r}")
     for key in ("input_length", "output_length"):
-        value = raw[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise TraceError(f"{where}: {key} must be an integer of at least 1, got {value!r}")
+        if not _whole(raw[key], 1):
+            raise TraceError(f"{where}: {key} must be an integer of at least 1, got {raw[key]!r}")
     ids = raw["hash_ids"]
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise TraceError(f"{where}: hash_ids must be a non-empty list of non-negative integers, got {ids!r}")
+    if not isinstance(ids, list) or not ids or not all(_whole(i, 0) for i in ids):
+        raise TraceError(f"{where}: hash_ids must be a non-empty list of non-negative integers, got {ids!r:.80}")
     return TraceRequest(stamp, raw["input_length"], raw["output_length"], tuple(ids))
+
+
+def _whole(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,9 @@ class TraceReplay:
     num_requests: int | None = None
 
     @classmethod
-    def load(cls, path: Path, start_ms: int = 0, duration_ms: int | None = None, num_requests: int | None = None) -> TraceReplay:
+    def load(
+        cls, path: Path, start_ms: int = 0, duration_ms: int | None = None, num_requests: int | None = None
+    ) -> TraceReplay:
         """Read `path` and choose the window (raises TraceError for a bad file or an empty window)."""
         replay = cls(path, read_trace(path), start_ms, duration_ms, num_requests)
         if not replay.window():
