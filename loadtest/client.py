@@ -65,17 +65,21 @@ class TargetClient:
             "stream": self.options.stream,
         }
         if self.options.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": spec.prompt}]
+            body["messages"] = spec.chat_messages()
         else:
-            body["prompt"] = spec.prompt
+            body["prompt"] = spec.completion_prompt()
         if self.options.stream:
             body["stream_options"] = {"include_usage": True}
+        if spec.tier is not None:
+            body["service_tier"] = spec.tier
         return body
 
     async def send(self, spec: RequestSpec) -> RequestRecord:
         """Send one request; never raises for request failures, they are recorded instead."""
         payload = orjson.dumps(self.body(spec))
-        record = RequestRecord(start=time.perf_counter(), expected_output=spec.output_len, streamed=self.options.stream)
+        record = RequestRecord(
+            start=time.perf_counter(), expected_output=spec.output_len, streamed=self.options.stream, tier=spec.tier
+        )
         try:
             async with self._session.post(self._url, data=payload, headers=self._headers) as resp:
                 record.headers_at = time.perf_counter()
@@ -139,6 +143,10 @@ class TargetClient:
         usage = body.get("usage")
         if usage:
             _take_usage(usage, record)
+        choices = body.get("choices")
+        if choices:
+            message = choices[0].get("message")
+            record.body_text = (message.get("content") if message else choices[0].get("text")) or ""
 
 
 def _chunk_text(choice: dict[str, Any], chat: bool) -> str:
@@ -152,6 +160,10 @@ def _chunk_text(choice: dict[str, Any], chat: bool) -> str:
 def _take_usage(usage: dict[str, Any], record: RequestRecord) -> None:
     record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
     record.completion_tokens = usage.get("completion_tokens", record.completion_tokens)
+    # SGLang fills prompt_tokens_details only with --enable-cache-report; null or absent leaves 0.
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached:
+        record.cached_tokens = cached
 
 
 async def served_model(session: aiohttp.ClientSession, base_url: str, api_key: str | None) -> str:

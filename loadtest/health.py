@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from loadtest.results import Health, LevelResult
+from loadtest.results import LevelResult
+from loadtest.verdicts import Health
 
 # Limits past which a level's numbers may reflect the machine rather than the server: the load
 # generator's loop woke late (shifts every timestamp it takes), it used most of a core, the whole
@@ -32,7 +33,7 @@ def assess(levels: Sequence[LevelResult]) -> Health:
     worst_balancer: float | None = None
     flagged: list[str] = []
     for level in levels:
-        where = f"C={level.concurrency}" if level.concurrency is not None else f"rate={level.request_rate}"
+        where = level.label
         for name, t in level.targets.items():
             mon = t.monitor
             lag = mon.loop_lag_p99_ms or 0.0

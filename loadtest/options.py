@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from loadtest.sweep import RequestsPerLevel, Target
+from loadtest.sweep import Target
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
 
@@ -28,20 +28,10 @@ def parse_targets(values: tuple[str, ...]) -> list[Target]:
     return targets
 
 
-def parse_requests(value: str, minimum: int = 0) -> RequestsPerLevel:
-    """`--requests-per-level` value (click error on bad input)."""
-    try:
-        return RequestsPerLevel.parse(value, minimum)
-    except ValueError as exc:
-        raise bad_parameter("--requests-per-level", exc) from None
-
-
 def sweep_options(func: click.decorators.FC) -> click.decorators.FC:
     """Options shared by `sweep` and `envelope` that shape the requests."""
     options = [
         click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True, help="prompt tokens"),
-        click.option("--range-ratio", type=click.FloatRange(0.0, 1.0), default=1.0, show_default=True,
-                     help="draw lengths uniformly from [R*L, L] (1 = fixed, as bench_serving's --random-range-ratio)"),
         click.option("--stream/--no-stream", default=True, show_default=True),
         click.option("--api-key", default=None, help="sent as Authorization: Bearer KEY"),
         click.option("--min-requests-per-level", "min_requests", type=click.IntRange(min=0), default=16, show_default=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,12 +20,15 @@ _PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
 
 
 def _x_label(levels: Sequence[LevelResult]) -> str:
-    return "concurrency (closed loop)" if levels[0].concurrency is not None else "request rate (req/s, open loop)"
+    if levels[0].concurrency is not None:
+        return "concurrency (closed loop)"
+    return "offered request rate (req/s, trace replay)" if levels[0].trace_time_scale is not None else "request rate (req/s, open loop)"
 
 
 def _log2_axis(ax: Axes, levels: Sequence[LevelResult]) -> None:
-    ticks = sorted({lv.x for lv in levels if lv.x is not None})
-    ax.set_xscale("log", base=2)
+    ticks = sorted({lv.x for lv in levels if lv.x is not None and math.isfinite(lv.x)})
+    if ticks:  # none when every level is an infinite rate (all requests at once)
+        ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(_PLAIN)

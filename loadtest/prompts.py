@@ -6,6 +6,7 @@ import random
 from collections.abc import Iterator
 
 from loadtest.records import RequestSpec
+from loadtest.workloads.lengths import LengthDist
 from tokencount import ONE_TOKEN_WORDS, count_tokens
 
 # Prompts draw from the first 85 shared one-token words (the list prompts used before the rule
@@ -16,23 +17,19 @@ _VOCABULARY = ONE_TOKEN_WORDS[:85]
 class PromptFactory:
     """Makes `RequestSpec`s: random words totalling the input length, and an output length.
 
-    With `range_ratio` R < 1 each length is drawn uniformly from [R * L, L] (bench_serving's
-    `--random-range-ratio`); R = 1 gives fixed lengths.
+    Lengths are drawn by `lengths` (default: uniformly from [R * L, L] with `range_ratio` R <
+    1, bench_serving's `--random-range-ratio`, else fixed), from the same generator as the words.
     """
 
-    def __init__(self, input_len: int, output_len: int, range_ratio: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self, input_len: int, output_len: int, range_ratio: float = 1.0, seed: int = 0, lengths: LengthDist | None = None
+    ) -> None:
         if input_len < 1 or output_len < 1:
             raise ValueError("input and output lengths must be at least 1 token")
-        if not 0.0 <= range_ratio <= 1.0:
-            raise ValueError(f"range ratio must be within [0, 1], got {range_ratio}")
         self.input_len = input_len
         self.output_len = output_len
-        self.range_ratio = range_ratio
+        self.lengths = lengths or LengthDist.of(None, range_ratio)
         self._rng = random.Random(seed)
-
-    def _length(self, full: int) -> int:
-        low = max(1, int(full * self.range_ratio))
-        return self._rng.randint(low, full)
 
     def prompt(self, tokens: int) -> str:
         """A prompt of about `tokens` tokens; it starts with a random id so no two share a prefix."""
@@ -42,8 +39,10 @@ class PromptFactory:
 
     def next(self) -> RequestSpec:
         """The next request."""
-        input_len = self._length(self.input_len)
-        return RequestSpec(prompt=self.prompt(input_len), input_len=input_len, output_len=self._length(self.output_len))
+        input_len = self.lengths.draw(self._rng, self.input_len)
+        return RequestSpec(
+            prompt=self.prompt(input_len), input_len=input_len, output_len=self.lengths.draw(self._rng, self.output_len)
+        )
 
     def take(self, n: int) -> Iterator[RequestSpec]:
         """The next `n` requests."""

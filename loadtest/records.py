@@ -11,12 +11,46 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Exchange:
+    """An earlier turn of a conversation: what the user said and the answer the server returned."""
+
+    user: str
+    answer: str
+
+
+@dataclass(frozen=True)
 class RequestSpec:
-    """One request to send: a synthetic prompt and the exact number of tokens to generate."""
+    """One request to send: its text, the exact number of tokens to generate, its service tier.
+
+    `prompt` is the new user message; a conversation's request also re-sends its `system` prompt
+    and the earlier turns (`history`). On chat they are messages (system, then user and assistant
+    in turn, then the new user message); on completions one text, the same parts joined by blank
+    lines (bench_serving's `f"{system}\n\n{question}"`). `input_len` counts every part's tokens
+    under tokencount's rule, a chat template's tokens excluded.
+    """
 
     prompt: str
     input_len: int
     output_len: int
+    system: str = ""
+    history: tuple[Exchange, ...] = ()
+    tier: str | None = None  # OpenAI's `service_tier` field; None: not sent
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The chat request's messages."""
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        for turn in self.history:
+            messages += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.answer}]
+        messages.append({"role": "user", "content": self.prompt})
+        return messages
+
+    def completion_prompt(self) -> str:
+        """The completions request's prompt."""
+        parts = [self.system] if self.system else []
+        for turn in self.history:
+            parts += [turn.user, turn.answer]
+        parts.append(self.prompt)
+        return "\n\n".join(parts)
 
 
 @dataclass
@@ -42,6 +76,9 @@ class RequestRecord:
     error_detail: str | None = None
     backend: str | None = None
     streamed: bool = True
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens; 0 where the server gives none
+    tier: str | None = None  # the service tier the request asked for
+    body_text: str = ""  # a non-streamed response's text (a stream's is its chunks)
 
     @property
     def ok(self) -> bool:
@@ -58,6 +95,11 @@ class RequestRecord:
         if not self.chunk_times:
             return None
         return self.chunk_times[0] - self.start
+
+    @property
+    def answer(self) -> str:
+        """The text the server returned (what a conversation re-sends in its next turn)."""
+        return "".join(self.chunk_texts) if self.streamed else self.body_text
 
     @property
     def e2e(self) -> float | None:

@@ -78,6 +78,9 @@ def build_document(
             "warmup": settings.warmup,
             "seed": settings.seed,
             "timeout": settings.timeout,
+            **settings.workload.settings(),
+            "slo_ttft_ms": settings.slo.ttft_ms,
+            "slo_tpot_ms": settings.slo.tpot_ms,
         },
         targets={t.name: t.url for t in targets},
         levels=tuple(results),
@@ -101,12 +104,17 @@ def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
         for name, t in level.targets.items():
             mon = t.monitor
             slips = mon.sim_lateness_ms()
+            scalars = t.scalars()
+            tiers = scalars.pop("tiers", None) or {}
             row = {
                 "concurrency": level.concurrency,
                 "request_rate": level.request_rate,
+                **{k: v for k, v in (("offered_request_s", level.offered_request_s),
+                                     ("trace_time_scale", level.trace_time_scale)) if v is not None},
                 "requests": level.requests,
                 "target": name,
-                **t.scalars(),
+                **scalars,
+                **{f"tier_{tier}_{key}": value for tier, numbers in tiers.items() for key, value in numbers.items()},
                 "loop_lag_p99_ms": mon.loop_lag_p99_ms,
                 "loadgen_cpu_pct": mon.cpu.get("loadgen_cpu_pct"),
                 "machine_busy_pct": mon.cpu.get("machine_busy_pct"),
@@ -139,7 +147,7 @@ def markdown(doc: ResultsDocument, sections: Sequence[str] = ()) -> str:
     lines = [f"# {doc.title or 'Load test report'}", ""]
     lines += [f"Command: `{doc.command}`", "", f"Run at {doc.timestamp}; " + ", ".join(f"{k} {v}" for k, v in doc.versions.items()), ""]
     s = doc.settings
-    shape = (
+    shape = workload_text(doc) if "dataset" in s else (
         f"{doc.mode}, {s['requests_per_level']} requests per level, input {s['input_len']} / output {s['output_len']} "
         f"tokens (range ratio {s['range_ratio']}), {s['endpoint']} endpoint, {'streamed' if s['stream'] else 'not streamed'}, "
         "`ignore_eos` so every response has exactly the requested length."
@@ -163,8 +171,77 @@ def markdown(doc: ResultsDocument, sections: Sequence[str] = ()) -> str:
                 f"{fixed(t.stats.itl.p50, 2)} | {fixed(t.stats.itl.p99, 2)} | {fixed(t.stats.e2e.p50, 0)} | {share_text(t.stats.backend_share)} |"
             )
     lines += ["", "Latencies in ms. TPOT excludes the first token; ITL is per token (a chunk of k tokens counts k gaps of 1/k), as SGLang's bench_serving.", ""]
+    lines += traffic_markdown(doc)
     lines += health_markdown(doc)
     return "\n".join(lines) + "\n"
+
+
+def workload_text(doc: ResultsDocument) -> str:
+    """report.md's sentence on what was sent: the dataset and its options, lengths, arrivals, tiers, SLOs."""
+    s = doc.settings
+    dataset = dict(s["dataset"])
+    name = dataset.pop("name")
+    options = ", ".join(f"{k} {v}" for k, v in dataset.items() if v is not None)
+    parts = [doc.mode, f"dataset `{name}`" + (f" ({options})" if options else "")]
+    if name in ("random", "multi-turn"):
+        per_turn = " per turn" if name == "multi-turn" else ""
+        parts.append(f"{s['requests_per_level']} requests per level, input {s['input_len']} / output {s['output_len']} tokens{per_turn}")
+    if name != "trace":
+        lengths = {"uniform": f"uniform (range ratio {s['range_ratio']})",
+                   "lognormal": f"lognormal (median {s['length_median_ratio']} x the mean)"}
+        parts.append(f"lengths {lengths.get(s['length_dist'], s['length_dist'])}")
+        if doc.mode == "open-loop":
+            parts.append("Poisson arrivals" if s["burstiness"] == 1.0 else f"gamma arrivals of burstiness {s['burstiness']}")
+    if s["tier_mix"]:
+        parts.append(f"service tiers {s['tier_mix']}")
+    slos = [f"{label} <= {s[key]:g} ms" for label, key in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms")) if s[key]]
+    if slos:
+        parts.append("goodput SLOs " + " and ".join(slos))
+    parts.append(f"{s['endpoint']} endpoint, {'streamed' if s['stream'] else 'not streamed'}, `ignore_eos` so every "
+                 "response has exactly the requested length")
+    return "; ".join(parts) + "."
+
+
+def traffic_markdown(doc: ResultsDocument) -> list[str]:
+    """report.md's section on what the traffic got: offered load, goodput, cache hits, each tier (files that have them)."""
+    rows = [(lv, name, t.stats, t.stats.traffic) for lv in doc.levels for name, t in lv.targets.items() if t.stats.traffic]
+    if not rows:
+        return []
+    lines = [
+        "## Traffic", "",
+        "| level | target | offered req/s | req/s | goodput req/s | cache hit | out tok/s | TTFT p50 | TTFT p99 | TPOT p50 | E2E p50 | E2E p99 | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level, name, st, traffic in rows:
+        hit = "-" if traffic.cache_hit_rate is None else f"{traffic.cache_hit_rate:.1%}"
+        lines.append(
+            f"| {level.label} | {name} | {fixed(level.offered_request_s, 2)} | {st.request_s:.2f} | "
+            f"{fixed(traffic.goodput_request_s, 2)} | {hit} | {st.output_tok_s:.1f} | {fixed(st.ttft.p50)} | "
+            f"{fixed(st.ttft.p99)} | {fixed(st.tpot.p50, 2)} | {fixed(st.e2e.p50, 0)} | {fixed(st.e2e.p99, 0)} | {st.failed} |"
+        )
+    lines += [
+        "",
+        "Offered req/s: the requests per second an open-loop level's arrivals offered (the level's rate; a trace's "
+        "requests over their span), on the clock req/s is measured on, so req/s / offered shows whether the target "
+        "kept up. Goodput: requests per second that met every SLO set. Cache hit: prompt tokens the server reported "
+        "cached (`usage.prompt_tokens_details.cached_tokens`; SGLang reports them with `--enable-cache-report`, "
+        "otherwise they read 0) over prompt tokens. Latencies in ms.",
+        "",
+    ]
+    tiers = [(lv, name, tier, ts) for lv, name, _, traffic in rows for tier, ts in (traffic.tiers or {}).items()]
+    if tiers:
+        lines += [
+            "| level | target | tier | requests | ok | goodput req/s | TTFT p50 | TTFT p99 | TPOT p50 | E2E p50 | E2E p99 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {lv.label} | {name} | {tier} | {ts.requests} | {ts.completed} | {fixed(ts.goodput_request_s, 2)} | "
+            f"{fixed(ts.ttft_p50_ms)} | {fixed(ts.ttft_p99_ms)} | {fixed(ts.tpot_p50_ms, 2)} | {fixed(ts.e2e_p50_ms, 0)} | "
+            f"{fixed(ts.e2e_p99_ms, 0)} |"
+            for lv, name, tier, ts in tiers
+        ]
+        lines.append("")
+    return lines
 
 
 def share_text(share: Mapping[str, float] | None) -> str:

@@ -3,19 +3,23 @@
 A `ResultsDocument` holds `LevelResult`s (one per load level), each holding a `TargetResult` per
 target (its `LevelStats` and `Monitor`), named as the data names them. `to_json`/`from_json` here
 are the only code that knows the file's keys: the keys are a user contract, so files written by
-earlier versions load unchanged and a loaded file writes back the same keys.
+earlier versions load unchanged and a loaded file writes back the same keys. The judgements
+it carries (the load generator's health, the envelope's checks) are typed in `loadtest.verdicts`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
-from loadtest.stats import LATENCY_METRICS, Distribution, LevelStats
+from loadtest.stats import LATENCY_METRICS, Distribution, LevelStats, TierStats, TrafficStats
+from loadtest.verdicts import EnvelopeVerdict, Health
+from loadtest.workloads.level import Level
 
 Json = dict[str, Any]
 _STATS = ("p50", "p90", "p99", "mean")
@@ -78,7 +82,19 @@ def _stats_to_json(stats: LevelStats) -> Json:
         for stat in _STATS:
             out[f"{name}_{stat}_ms"] = getattr(dist, stat)
     out["backend_share"] = dict(stats.backend_share) if stats.backend_share is not None else None
+    if stats.traffic is not None:
+        out.update(_traffic_to_json(stats.traffic))
     return out
+
+
+def _traffic_to_json(traffic: TrafficStats) -> Json:
+    tiers = traffic.tiers
+    return {
+        "total_cached_tokens": traffic.total_cached_tokens,
+        "cache_hit_rate": traffic.cache_hit_rate,
+        "goodput_request_s": traffic.goodput_request_s,
+        "tiers": {name: asdict(t) for name, t in tiers.items()} if tiers is not None else None,
+    }
 
 
 def _stats_from_json(raw: Json) -> LevelStats:
@@ -87,7 +103,14 @@ def _stats_from_json(raw: Json) -> LevelStats:
         "completed", "failed", "errors", "duration_s", "request_s", "output_tok_s", "input_tok_s", "total_output_tokens",
         "total_input_tokens", "mean_concurrency", "usage_missing", "mean_chunk_interval_ms", "backend_share",
     )}
-    return LevelStats(**plain, **latencies)
+    traffic = None
+    if "cache_hit_rate" in raw:  # written since results recorded the traffic's cache, goodput and tiers
+        tiers = raw["tiers"]
+        traffic = TrafficStats(
+            raw["total_cached_tokens"], raw["cache_hit_rate"], raw["goodput_request_s"],
+            {name: TierStats(**t) for name, t in tiers.items()} if tiers is not None else None,
+        )
+    return LevelStats(**plain, **latencies, traffic=traffic)
 
 
 @dataclass(frozen=True)
@@ -113,11 +136,14 @@ class TargetResult:
 
 @dataclass(frozen=True)
 class LevelResult:
-    """Every target at one load level (closed-loop concurrency or open-loop rate).
+    """Every target at one load level (closed-loop concurrency, open-loop rate, or a trace's time scale).
 
-    `ratios` are per-level figures computed across targets (the envelope's `throughput_ratio` and
-    `tpot_ratio`), written beside `targets`; empty for a plain sweep. `best` names the baseline each
-    ratio was taken against (`{"throughput": "plain-dp", "tpot": "eagle-dp"}`), None where not recorded.
+    `ratios` are per-level figures computed across targets (the envelope's `throughput_ratio`,
+    `tpot_ratio`, ..., `failed_requests`), written beside `targets`; empty for a plain sweep.
+    `best` names the baseline each ratio was taken against (`{"throughput": "plain-dp", "tpot":
+    "eagle-dp"}`), None where not recorded. `offered_request_s`: the requests per second an open
+    level offered, on the clock `request_s` is measured on; `trace_time_scale`: a trace level's
+    factor. Both are None where they do not apply (and left out of the file).
     """
 
     concurrency: int | None
@@ -126,22 +152,32 @@ class LevelResult:
     targets: Mapping[str, TargetResult]
     ratios: Mapping[str, float | None] = field(default_factory=dict)
     best: Mapping[str, str | None] | None = None
+    offered_request_s: float | None = None
+    trace_time_scale: float | None = None
 
     @property
     def label(self) -> str:
-        """`C=8` or `4/s`."""
-        return f"C={self.concurrency}" if self.concurrency is not None else f"{self.request_rate:g}/s"
+        """`C=8`, `4/s` or `trace x0.5`."""
+        return Level(self.concurrency, self.request_rate, self.trace_time_scale).label
 
     @property
     def x(self) -> float | None:
-        """Where the level sits on a plot's x axis (an infinite rate reads back from JSON as None)."""
-        return self.concurrency if self.concurrency is not None else self.request_rate
+        """Where the level sits on a plot's x axis: its concurrency or rate (a trace's: the rate it offered).
+
+        An infinite rate reads back from JSON as None.
+        """
+        if self.concurrency is not None:
+            return self.concurrency
+        return self.request_rate if self.trace_time_scale is None else self.offered_request_s
 
     def to_json(self) -> Json:
         """One entry of `levels` in results.json."""
+        extra = {k: v for k, v in (("offered_request_s", self.offered_request_s), ("trace_time_scale", self.trace_time_scale))
+                 if v is not None}
         return {
             "concurrency": self.concurrency,
             "request_rate": self.request_rate,
+            **extra,
             "requests": self.requests,
             "targets": {name: t.to_json() for name, t in self.targets.items()},
             **self.ratios,
@@ -151,7 +187,7 @@ class LevelResult:
     @classmethod
     def from_json(cls, raw: Json) -> LevelResult:
         """Read one entry of `levels`; keys beyond the known ones are its ratios."""
-        known = ("concurrency", "request_rate", "requests", "targets", "best")
+        known = ("concurrency", "request_rate", "offered_request_s", "trace_time_scale", "requests", "targets", "best")
         return cls(
             concurrency=raw["concurrency"],
             request_rate=raw["request_rate"],
@@ -159,6 +195,8 @@ class LevelResult:
             targets={name: TargetResult.from_json(t) for name, t in raw["targets"].items()},
             ratios={k: v for k, v in raw.items() if k not in known},
             best=raw.get("best"),
+            offered_request_s=raw.get("offered_request_s"),
+            trace_time_scale=raw.get("trace_time_scale"),
         )
 
 
@@ -176,126 +214,10 @@ class TargetSeries:
         ys: list[float] = []
         for level, result in self.points:
             y = metric(result)
-            if level.x is not None and y is not None:
+            if level.x is not None and math.isfinite(level.x) and y is not None:
                 xs.append(level.x)
                 ys.append(y)
         return xs, ys
-
-
-@dataclass(frozen=True)
-class Health:
-    """Whether the load generator, not the server, may have shaped the numbers: limits, worst figures, flags."""
-
-    limits: Mapping[str, float]
-    worst_loop_lag_p99_ms: float
-    worst_loadgen_cpu_pct: float
-    worst_machine_busy_pct: float
-    worst_sim_step_lateness_ms: float | None
-    flagged: tuple[str, ...]
-    worst_balancer_cpu_pct: float | None = None  # None: no balancer ran (and files written before it existed)
-
-    @property
-    def ok(self) -> bool:
-        """No level crossed a limit."""
-        return not self.flagged
-
-    def to_json(self) -> Json:
-        """The `health` object of results.json."""
-        return {
-            "limits": dict(self.limits),
-            "worst_loop_lag_p99_ms": self.worst_loop_lag_p99_ms,
-            "worst_loadgen_cpu_pct": self.worst_loadgen_cpu_pct,
-            "worst_machine_busy_pct": self.worst_machine_busy_pct,
-            "worst_sim_step_lateness_ms": self.worst_sim_step_lateness_ms,
-            **({"worst_balancer_cpu_pct": self.worst_balancer_cpu_pct} if self.worst_balancer_cpu_pct is not None else {}),
-            "flagged": list(self.flagged),
-            "ok": self.ok,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Json) -> Health:
-        """Read a `health` object (`ok` follows from `flagged`)."""
-        return cls(
-            raw["limits"], raw["worst_loop_lag_p99_ms"], raw["worst_loadgen_cpu_pct"], raw["worst_machine_busy_pct"],
-            raw["worst_sim_step_lateness_ms"], tuple(raw["flagged"]), raw.get("worst_balancer_cpu_pct"),
-        )
-
-
-@dataclass(frozen=True)
-class BoundCheck:
-    """One bound checked over every level: `name op bound`, whether it held, and the worst level."""
-
-    name: str
-    op: Literal[">=", "<="]
-    bound: float
-    met: bool
-    worst: float | None  # None when no level measured the ratio
-    worst_at: int | None
-
-    def to_json(self) -> Json:
-        """One entry of `envelope.checks`."""
-        return {"name": self.name, "op": self.op, "bound": self.bound, "met": self.met,
-                "worst": self.worst, "worst_at": self.worst_at}
-
-    @classmethod
-    def from_json(cls, raw: Json) -> BoundCheck:
-        """Read one check."""
-        return cls(raw["name"], raw["op"], raw["bound"], raw["met"], raw["worst"], raw["worst_at"])
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Which target the ratios judge (`subject`) against which targets (`baselines`), and by which rule.
-
-    `carrying_within`: the TPOT ratio is taken against the lowest TPOT p50 of the baselines that carry
-    the load, those within this share of the best baseline throughput (0.1: at least 90% of it), so a
-    capped server that queues the rest cannot set the bar. None: against every baseline (the
-    single-server comparison). `kind` labels the comparison: "same-hardware" (the same GPUs run
-    each way) or "single" (specgate against the servers it routes to).
-    """
-
-    subject: str
-    baselines: tuple[str, ...]
-    carrying_within: float | None = None
-    kind: str = "single"
-
-
-@dataclass(frozen=True)
-class EnvelopeVerdict:
-    """The envelope's bound checks, and the comparison its ratios were taken over.
-
-    `comparison` is None for a file written before results recorded it.
-    """
-
-    checks: tuple[BoundCheck, ...]
-    comparison: Comparison | None = None
-
-    @property
-    def all_met(self) -> bool:
-        """Every bound held at every level."""
-        return all(c.met for c in self.checks)
-
-    def to_json(self) -> Json:
-        """The `envelope` object of results.json."""
-        out: Json = {"checks": [c.to_json() for c in self.checks], "all_met": self.all_met}
-        if self.comparison is not None:
-            out["subject"] = self.comparison.subject
-            out["baselines"] = list(self.comparison.baselines)
-            if self.comparison.kind != "single":
-                out["comparison"] = self.comparison.kind
-            if self.comparison.carrying_within is not None:
-                out["carrying_within"] = self.comparison.carrying_within
-        return out
-
-    @classmethod
-    def from_json(cls, raw: Json) -> EnvelopeVerdict:
-        """Read an `envelope` object."""
-        comparison = (
-            Comparison(raw["subject"], tuple(raw["baselines"]), raw.get("carrying_within"), raw.get("comparison", "single"))
-            if "subject" in raw
-            else None
-        )
-        return cls(tuple(BoundCheck.from_json(c) for c in raw["checks"]), comparison)
 
 
 @dataclass(frozen=True)

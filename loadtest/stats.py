@@ -11,12 +11,16 @@
   splitting `usage.completion_tokens` across chunks (see `tokens_per_chunk`).
 - Percentiles: numpy's linear interpolation (`np.percentile`), as bench_serving.
 - Throughput: tokens of successful requests / the level's wall-clock duration.
+- Cache hit rate: cached prompt tokens (`usage.prompt_tokens_details.cached_tokens`) / prompt
+  tokens, over the successful requests.
+- Goodput (bench_serving's `--goodput`): successful requests that meet every SLO set (TTFT, TPOT
+  of a request with more than one output token), per second of the level; None without an SLO.
 Not streamed: TTFT = E2E as bench_serving, and TPOT/ITL are not measured (None), not 0.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -134,6 +138,89 @@ def backend_share(records: Sequence[RequestRecord]) -> dict[str, float] | None:
 
 
 @dataclass(frozen=True)
+class Slo:
+    """The service-level objectives a request must meet to count toward goodput (None: not set), in ms."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    @property
+    def is_set(self) -> bool:
+        """Whether any objective is set."""
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
+    def scaled(self, factor: float) -> Slo:
+        """The objectives on a clock `factor` times slower (the envelope's time scale)."""
+        return Slo(*(None if ms is None else ms * factor for ms in (self.ttft_ms, self.tpot_ms)))
+
+    def met(self, record: RequestRecord) -> bool:
+        """Whether a request succeeded within every objective (a one-token answer has no TPOT to miss)."""
+        ttft, tpot = record.ttft, request_tpot(record)
+        if not record.ok or (self.ttft_ms is not None and (ttft is None or ttft * 1000.0 > self.ttft_ms)):
+            return False
+        return self.tpot_ms is None or tpot is None or tpot * 1000.0 <= self.tpot_ms
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One service tier's requests at a level (latencies in ms, None where not measured)."""
+
+    requests: int
+    completed: int
+    goodput_request_s: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+
+
+@dataclass(frozen=True)
+class TrafficStats:
+    """What the users' traffic got: prompt cache reuse, goodput under the SLOs, each service tier's numbers.
+
+    `cache_hit_rate` is None when no successful request reported prompt tokens; `tiers` None when
+    the workload sets no tier (requests without one are tier `none` in a mix).
+    """
+
+    total_cached_tokens: int
+    cache_hit_rate: float | None
+    goodput_request_s: float | None
+    tiers: Mapping[str, TierStats] | None = None
+
+
+NO_TIER = "none"
+
+
+def traffic_stats(run: LevelRun, slo: Slo) -> TrafficStats:
+    """Cache reuse, goodput and the tiers' numbers of one target at one level."""
+    ok = [r for r in run.records if r.ok]
+    cached = sum(r.cached_tokens for r in ok)
+    prompt = sum(r.prompt_tokens or 0 for r in ok)
+    tiers: dict[str, list[RequestRecord]] = defaultdict(list)
+    for record in run.records:
+        tiers[record.tier or NO_TIER].append(record)
+    return TrafficStats(
+        total_cached_tokens=cached,
+        cache_hit_rate=cached / prompt if prompt else None,
+        goodput_request_s=_goodput(run.records, slo, run.duration),
+        tiers={name: _tier(tiers[name], slo, run.duration) for name in sorted(tiers)} if set(tiers) != {NO_TIER} else None,
+    )
+
+
+def _goodput(records: Sequence[RequestRecord], slo: Slo, duration: float) -> float | None:
+    return sum(1 for r in records if slo.met(r)) / duration if slo.is_set else None
+
+
+def _tier(records: Sequence[RequestRecord], slo: Slo, duration: float) -> TierStats:
+    ok = [r for r in records if r.ok]
+    ttft = distribution([t for r in ok if (t := r.ttft) is not None])
+    e2e = distribution([t for r in ok if (t := r.e2e) is not None])
+    tpot = distribution([t for r in ok if (t := request_tpot(r)) is not None])
+    return TierStats(len(records), len(ok), _goodput(records, slo, duration), ttft.p50, ttft.p99, tpot.p50, e2e.p50, e2e.p99)
+
+
+@dataclass(frozen=True)
 class LevelStats:
     """Everything reported for one target at one load level."""
 
@@ -154,9 +241,10 @@ class LevelStats:
     itl: Distribution
     e2e: Distribution
     backend_share: Mapping[str, float] | None
+    traffic: TrafficStats | None = None  # None: read from a file written before it was recorded
 
 
-def level_stats(run: LevelRun, counter: Callable[[str], int] = count_tokens) -> LevelStats:
+def level_stats(run: LevelRun, counter: Callable[[str], int] = count_tokens, slo: Slo = Slo()) -> LevelStats:
     """Compute every reported number for one target at one level from its recorded requests."""
     ok = [r for r in run.records if r.ok]
     errors = Counter(r.error_kind or "unknown" for r in run.records if not r.ok)
@@ -186,4 +274,5 @@ def level_stats(run: LevelRun, counter: Callable[[str], int] = count_tokens) -> 
         itl=distribution(itls),
         e2e=distribution(e2es),
         backend_share=backend_share(run.records),
+        traffic=traffic_stats(run, slo),
     )

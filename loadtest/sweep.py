@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import aiohttp
@@ -18,13 +17,21 @@ from loadtest.client import (
     open_session,
     served_model,
 )
-from loadtest.load import closed_loop, open_loop, poisson_arrivals
+from loadtest.load import closed_loop, run_plan
 from loadtest.monitor import CpuMeter, LoopLagMonitor
 from loadtest.prompts import PromptFactory
-from loadtest.records import LevelRun, RequestRecord, RequestSpec
+from loadtest.records import LevelRun, RequestRecord
 from loadtest.results import LevelResult, Monitor, TargetResult
 from loadtest.slip import SlipProbe
-from loadtest.stats import LevelStats, level_stats
+from loadtest.stats import LevelStats, Slo, level_stats
+from loadtest.workloads.lengths import LengthDist
+from loadtest.workloads.level import Level, RequestsPerLevel
+from loadtest.workloads.plan import Plan
+from loadtest.workloads.random_prompts import RandomPrompts
+from loadtest.workloads.tiers import TierMix
+from loadtest.workloads.workload import Dataset, Workload
+
+__all__ = ["Level", "Progress", "RequestsPerLevel", "Sweep", "SweepSettings", "Target", "parse_levels", "parse_trace_levels"]
 
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -50,54 +57,13 @@ class Target:
 
 
 @dataclass(frozen=True)
-class RequestsPerLevel:
-    """`N` requests per level, or `Nx`: N per concurrency slot (N * C), so every worker sends N.
-
-    `minimum` raises small levels: at low concurrency a handful of requests makes a noisy median
-    (an EAGLE request's TPOT varies with its random acceptance draws).
-    """
-
-    count: int
-    per_slot: bool = False
-    minimum: int = 0
-
-    @classmethod
-    def parse(cls, text: str, minimum: int = 0) -> RequestsPerLevel:
-        """Parse `64` or `4x`."""
-        raw = text.strip().lower()
-        per_slot = raw.endswith("x")
-        digits = raw[:-1] if per_slot else raw
-        if not digits.isdigit() or int(digits) < 1:
-            raise ValueError(f"requests per level must be a positive integer or 'Nx', got {text!r}")
-        return cls(int(digits), per_slot, minimum)
-
-    def for_concurrency(self, concurrency: int) -> int:
-        """How many requests a closed-loop level at this concurrency sends."""
-        return max(self.count * concurrency if self.per_slot else self.count, self.minimum)
-
-    def __str__(self) -> str:
-        text = f"{self.count}x" if self.per_slot else str(self.count)
-        return f"{text} (at least {self.minimum})" if self.minimum else text
-
-
-@dataclass(frozen=True)
-class Level:
-    """One load level: a closed-loop concurrency or an open-loop request rate."""
-
-    concurrency: int | None = None
-    request_rate: float | None = None
-
-    @property
-    def label(self) -> str:
-        """Short text for progress output: `C=8` or `rate=4/s`."""
-        if self.concurrency is not None:
-            return f"C={self.concurrency}"
-        return f"rate={self.request_rate:g}/s"
-
-
-@dataclass(frozen=True)
 class SweepSettings:
-    """Everything that shapes the requests of a sweep."""
+    """Everything that shapes the requests of a sweep.
+
+    `lengths` None: uniform from `range_ratio` below 1, else fixed (as before it existed).
+    `time_scale` multiplies every time of the workload (arrivals, think times, a trace's clock) and
+    the SLOs: the envelope's simulators run that much slower than the model, and so do its users.
+    """
 
     levels: tuple[Level, ...]
     requests_per_level: RequestsPerLevel
@@ -110,19 +76,26 @@ class SweepSettings:
     warmup: int = 1
     seed: int = 0
     timeout: float = 600.0
-
-    def requests_at(self, level: Level) -> int:
-        """Number of requests sent at a level."""
-        if level.concurrency is not None:
-            return self.requests_per_level.for_concurrency(level.concurrency)
-        return self.requests_per_level.count
+    dataset: Dataset = field(default_factory=RandomPrompts)
+    lengths: LengthDist | None = None
+    burstiness: float = 1.0
+    tier_mix: TierMix | None = None
+    slo: Slo = field(default_factory=Slo)
+    time_scale: float = 1.0
 
     @property
-    def max_connections(self) -> int:
-        """Connections the session needs: the highest concurrency (or requests of an open level)."""
-        return max(
-            (self.requests_at(lv) if lv.concurrency is None else lv.concurrency) for lv in self.levels
-        ) + 8
+    def workload(self) -> Workload:
+        """The workload the levels' plans are drawn from."""
+        return Workload(
+            dataset=self.dataset, input_len=self.input_len, output_len=self.output_len,
+            lengths=self.lengths or LengthDist.of(None, self.range_ratio), requests_per_level=self.requests_per_level,
+            burstiness=self.burstiness, tier_mix=self.tier_mix, seed=self.seed,
+        )
+
+    def plans(self) -> list[Plan]:
+        """Every level's plan, in level order."""
+        workload = self.workload
+        return [workload.plan(level, index) for index, level in enumerate(self.levels)]
 
 
 class Progress(Protocol):
@@ -157,29 +130,29 @@ class Sweep:
         self.cpu = cpu or CpuMeter()
         self.slip = slip
 
-    def _specs(self, index: int, count: int) -> list[RequestSpec]:
-        s = self.settings
-        factory = PromptFactory(s.input_len, s.output_len, s.range_ratio, seed=s.seed * 1_000_003 + index)
-        return list(factory.take(count))
-
     async def run(self) -> list[LevelResult]:
         """Run every level against every target, in level order (targets side by side in time)."""
         s = self.settings
+        plans = s.plans()
         results: list[LevelResult] = []
-        async with open_session(s.max_connections, s.timeout) as session:
+        # Enough connections for the most requests a level can have in flight at once.
+        connections = max(p.concurrency or len(p.sessions) for p in plans) + 8
+        async with open_session(connections, s.timeout) as session:
             clients = await self._clients(session)
             await self._warm_up(clients)
             async with LoopLagMonitor() as lag:
-                for index, level in enumerate(s.levels):
-                    count = s.requests_at(level)
-                    specs = self._specs(index, count)
+                for level, plan in zip(s.levels, plans, strict=True):
                     targets: dict[str, TargetResult] = {}
                     for target in self.targets:
-                        run = await self._run_level(clients[target.name], level, specs, target.name)
-                        stats = level_stats(run)
+                        run = await self._run_level(clients[target.name], level, plan, target.name)
+                        stats = level_stats(run, slo=s.slo.scaled(s.time_scale))
                         targets[target.name] = TargetResult(stats, await self._monitor(lag))
                         self.progress.level_finished(target.name, level, stats)
-                    results.append(LevelResult(level.concurrency, level.request_rate, count, targets))
+                    offered = plan.offered_request_s / s.time_scale if plan.offered_request_s is not None else None
+                    results.append(LevelResult(
+                        level.concurrency, level.request_rate, plan.requests, targets,
+                        offered_request_s=offered, trace_time_scale=level.trace_time_scale,
+                    ))
         return results
 
     async def _clients(self, session: aiohttp.ClientSession) -> dict[str, TargetClient]:
@@ -205,17 +178,12 @@ class Sweep:
                     f"every warm-up request to {client.base_url} failed: {first.error_kind} {first.error_detail or ''}"
                 )
 
-    async def _run_level(self, client: TargetClient, level: Level, specs: list[RequestSpec], name: str) -> LevelRun:
-        self.progress.level_started(name, level, len(specs))
+    async def _run_level(self, client: TargetClient, level: Level, plan: Plan, name: str) -> LevelRun:
+        self.progress.level_started(name, level, plan.requests)
         self.cpu.take()
         if self.slip is not None:
             await self.slip.take()
-        if level.concurrency is not None:
-            return await closed_loop(client.send, specs, level.concurrency, self.progress.request_done)
-        assert level.request_rate is not None
-        rng = random.Random(self.settings.seed)
-        arrivals = poisson_arrivals(level.request_rate, len(specs), rng)
-        return await open_loop(client.send, specs, arrivals, self.progress.request_done)
+        return await run_plan(client.send, plan, self.progress.request_done, self.settings.time_scale)
 
     async def _monitor(self, lag: LoopLagMonitor) -> Monitor:
         loop_lag, cpu = lag.take(), self.cpu.take()
@@ -235,6 +203,14 @@ def parse_levels(concurrency: str | None, request_rate: str | None) -> tuple[Lev
     if any(c < 1 for c in levels):
         raise ValueError("concurrency levels must be at least 1")
     return tuple(Level(concurrency=c) for c in levels)
+
+
+def parse_trace_levels(time_scales: str) -> tuple[Level, ...]:
+    """Levels from `--trace-time-scale 1,0.5` (a trace replayed at each; 0.5 is twice as fast)."""
+    scales = [_parse_float(x, "trace time scale") for x in _split(time_scales)]
+    if any(not 0 < x < math.inf for x in scales):
+        raise ValueError("trace time scales must be positive numbers")
+    return tuple(Level(trace_time_scale=x) for x in scales)
 
 
 def _split(text: str) -> list[str]:

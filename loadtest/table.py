@@ -38,9 +38,14 @@ def summary_table(doc: ResultsDocument) -> Table:
                 fixed(t.stats.itl.p50, 2),
                 share_text(t.stats.backend_share),
             ]
-            row += [fixed(level.ratios.get(key), 3) if last else "" for key in ratio_keys]
+            row += [_figure(level.ratios.get(key)) if last else "" for key in ratio_keys]
             table.add_row(*row, end_section=last)
     return table
+
+
+def _figure(value: float | None) -> str:
+    """A level's ratio to 3 decimals, a count (failed requests) as it is."""
+    return str(value) if isinstance(value, int) else fixed(value, 3)
 
 
 def table_console() -> Console:

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 import uvloop
 from rich.console import Console
 
 from gateway.config import PolicyConfig
-from loadtest.envelope.comparison import Bound, check_text, envelope_markdown
+from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
 from loadtest.envelope.document import envelope_document
 from loadtest.envelope.fair import FairEnvelope, Hardware
 from loadtest.envelope.harness import Envelope, StackSettings, Topology
-from loadtest.envelope.timescale import auto_time_scale, profile_for
-from loadtest.options import bad_parameter, parse_requests
+from loadtest.envelope.timescale import LevelLoad, auto_time_scale, profile_for
+from loadtest.options import bad_parameter
 from loadtest.progress import progress_for
 from loadtest.report import command_line, write_all
-from loadtest.sweep import SweepSettings, parse_levels
+from loadtest.sweep import SweepSettings
 from loadtest.table import summary_table, table_console
+from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
 
 DEFAULT_LEVELS = "1,2,4,8,16,32,64"
 DEFAULT_MIN_THROUGHPUT_RATIO = 0.97
@@ -116,11 +118,12 @@ async def _run_until_signal(envelope: Envelope | FairEnvelope, command: str) -> 
 @click.option("--eagle-max-running-requests", type=click.IntRange(min=1), default=None,
               help="the EAGLE server's running-request cap [default: the profile's]; set it above the policy's "
                    "EAGLE cap so 'eagle direct' runs every request it is sent, as a real deployment's would")
-@click.option("--concurrency", default=DEFAULT_LEVELS, show_default=True, metavar="LIST")
+@click.option("--concurrency", default=None, metavar="LIST", help=f"closed-loop levels [default: {DEFAULT_LEVELS}]")
+@click.option("--request-rate", default=None, metavar="LIST",
+              help=RATE_HELP + "; rates are the model's (the time scale stretches the arrivals too)")
 @click.option("--time-scale", "time_scale_text", default="auto", show_default=True, metavar="X|auto",
               help="simulator time scale (>1 is slower); auto fits the chunk rate to this machine")
-@click.option("--requests-per-level", default="4x", show_default=True, metavar="N|Nx",
-              help="requests per level; 'Nx' means N per concurrency slot (N*C)")
+@click.option("--requests-per-level", default=None, metavar="N|Nx", help=REQUESTS_HELP)
 @click.option("--min-requests-per-level", "min_requests", type=click.IntRange(min=0), default=16, show_default=True,
               help="never fewer requests than this at a level (steadier medians at low concurrency)")
 @click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True)
@@ -133,7 +136,16 @@ async def _run_until_signal(envelope: Envelope | FairEnvelope, command: str) -> 
 @click.option("--max-tpot-ratio", type=click.FloatRange(min=0.0), default=None,
               help="fail unless specgate TPOT p50 <= R x the best baseline (same-hardware: the best that carries the "
                    f"load) at every level [default: {DEFAULT_MAX_TPOT_RATIO} same-hardware, none single]")
+@click.option("--max-ttft-p50-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate TTFT p50 <= R x the lowest carrying baseline's at every level")
+@click.option("--max-e2e-p50-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate E2E p50 <= R x the lowest carrying baseline's at every level")
+@click.option("--max-e2e-p99-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate E2E p99 <= R x the lowest carrying baseline's at every level")
+@click.option("--no-failed", is_flag=True, default=False,
+              help="fail a level where any target failed a request (failures are reported either way)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@workload_options
 def envelope(
     profile: str | None,
     profile_file: Path | None,
@@ -146,9 +158,10 @@ def envelope(
     policy: str,
     policy_params: tuple[str, ...],
     eagle_max_running_requests: int | None,
-    concurrency: str,
+    concurrency: str | None,
+    request_rate: str | None,
     time_scale_text: str,
-    requests_per_level: str,
+    requests_per_level: str | None,
     min_requests: int,
     input_len: int,
     output_len: int,
@@ -156,7 +169,12 @@ def envelope(
     seed: int,
     min_throughput_ratio: float | None,
     max_tpot_ratio: float | None,
+    max_ttft_p50_ratio: float | None,
+    max_e2e_p50_ratio: float | None,
+    max_e2e_p99_ratio: float | None,
+    no_failed: bool,
     out_dir: Path,
+    workload: WorkloadChoice,
 ) -> None:
     """Compare specgate with the same GPUs run each other way (or, with --compare single, its two servers)."""
     if (profile is None) == (profile_file is None):
@@ -165,10 +183,9 @@ def envelope(
         params = dict(parse_param(p) for p in policy_params)
     except ValueError as exc:
         raise bad_parameter("--policy-param", exc) from None
-    try:
-        levels = parse_levels(concurrency, None)
-    except ValueError as exc:
-        raise bad_parameter("--concurrency", exc) from None
+    levels = workload.levels(concurrency, request_rate, DEFAULT_LEVELS)
+    settings = SweepSettings(levels=levels, requests_per_level=workload.requests(requests_per_level, min_requests, levels),
+                             input_len=input_len, output_len=output_len, warmup=warmup, seed=seed, **workload.settings())
     try:
         fixed_scale = parse_time_scale(time_scale_text)
     except ValueError as exc:
@@ -182,24 +199,23 @@ def envelope(
     layout = _layout(same_hardware, hardware, topology, model.node_gpus)
     if fixed_scale is None:
         replicas = hardware.groups if same_hardware else 1
-        scale, note = auto_time_scale(model, [lv.concurrency or 1 for lv in levels], replicas=replicas)
+        scale, note = auto_time_scale(model, [LevelLoad.of(plan) for plan in settings.plans()], replicas=replicas)
     else:
         scale, note = fixed_scale, "set with --time-scale"
 
     stack = StackSettings(profile=profile, profile_file=profile_file, topology=layout,
                           policy=policy, policy_params=params, time_scale=scale, seed=seed,
                           eagle_max_running_requests=eagle_max_running_requests)
-    settings = SweepSettings(levels=levels, requests_per_level=parse_requests(requests_per_level, min_requests),
-                             input_len=input_len, output_len=output_len, warmup=warmup, seed=seed,
-                             timeout=max(600.0, 600.0 * scale))
+    settings = replace(settings, time_scale=scale, timeout=max(600.0, 600.0 * scale))
     if same_hardware:  # the issue's bar; the single comparison checks only what it is asked to
         min_throughput_ratio = DEFAULT_MIN_THROUGHPUT_RATIO if min_throughput_ratio is None else min_throughput_ratio
         max_tpot_ratio = DEFAULT_MAX_TPOT_RATIO if max_tpot_ratio is None else max_tpot_ratio
-    bounds = []
-    if min_throughput_ratio is not None:
-        bounds.append(Bound("throughput_ratio", ">=", min_throughput_ratio))
-    if max_tpot_ratio is not None:
-        bounds.append(Bound("tpot_ratio", "<=", max_tpot_ratio))
+    limits: tuple[tuple[str, Literal[">=", "<="], float | None], ...] = (
+        ("throughput_ratio", ">=", min_throughput_ratio), ("tpot_ratio", "<=", max_tpot_ratio),
+        ("ttft_p50_ratio", "<=", max_ttft_p50_ratio), ("e2e_p50_ratio", "<=", max_e2e_p50_ratio),
+        ("e2e_p99_ratio", "<=", max_e2e_p99_ratio), (FAILED, "<=", 0.0 if no_failed else None),
+    )
+    bounds = [Bound(name, op, value) for name, op, value in limits if value is not None]
 
     console = Console(stderr=True)
     console.print(f"time scale {scale:g} ({note}); logs in {out_dir / 'logs'}", highlight=False)

@@ -47,5 +47,8 @@ def envelope_document(
 def _scale_sentence(scale: float, note: str) -> str:
     return (
         f"Simulator time scale {scale:g} ({note}): every modelled duration is multiplied by it, "
-        "so absolute tok/s are the model's divided by it; ratios between targets are unaffected."
+        "so absolute tok/s are the model's divided by it; ratios between targets are unaffected. The workload's "
+        "times (arrivals, think times, a trace's clock) and its SLOs are stretched by it too: a level offers the "
+        "modelled servers the load its options name, and its offered req/s, on the wall clock, is that rate divided "
+        "by the scale."
     )

@@ -15,7 +15,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,10 @@ from gateway.config import Settings
 from loadtest.envelope.comparison import CARRYING_WITHIN
 from loadtest.envelope.harness import STARTUP_TIMEOUT, StackSettings, specgate_executable
 from loadtest.monitor import CpuMeter, PidSource, descendants
-from loadtest.results import Comparison, LevelResult
+from loadtest.results import LevelResult
 from loadtest.slip import SlipProbe
 from loadtest.sweep import Progress, Sweep, SweepSettings, Target
+from loadtest.verdicts import Comparison
 
 SUBJECT = "specgate"
 BASELINE_ROLES = {"plain-dp": "plain", "eagle-dp": "eagle", "adaptive-dp": "adaptive"}
@@ -242,12 +243,10 @@ class FairEnvelope:
 
 def merge_levels(per_target: Sequence[Sequence[LevelResult]]) -> list[LevelResult]:
     """One LevelResult per level with every target's result, from one sweep per target."""
-    merged = []
-    for levels in zip(*per_target, strict=True):
-        first = levels[0]
-        targets = {name: result for lv in levels for name, result in lv.targets.items()}
-        merged.append(LevelResult(first.concurrency, first.request_rate, first.requests, targets))
-    return merged
+    return [
+        replace(levels[0], targets={name: result for lv in levels for name, result in lv.targets.items()})
+        for levels in zip(*per_target, strict=True)
+    ]
 
 
 async def all_backends_ready(gateway_url: str, gateway: Child, expected: int) -> dict[str, Any]:

@@ -25,9 +25,10 @@ from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready
 from backends.sim_argv import SimCommon, SimServer, sim_argv
 from loadtest.monitor import CpuMeter, descendants
-from loadtest.results import Comparison, LevelResult
+from loadtest.results import LevelResult
 from loadtest.slip import SlipProbe
 from loadtest.sweep import Progress, Sweep, SweepSettings, Target
+from loadtest.verdicts import Comparison
 
 Topology = Literal["partitioned", "colocated", "groups"]
 DIRECT = ("eagle", "plain")

@@ -5,16 +5,20 @@ and the load generator each handle every chunk. The modelled chunk rate of a rol
 `B / (t0 + a*B)`; `--time-scale auto` stretches time until the highest rate any level asks for
 fits `CHUNK_BUDGET`. K data-parallel replicas split a level's C requests, each running a batch of
 about C/K, and together emit K times one replica's chunk rate at that batch (more than one server
-at C, since smaller batches step faster). All ratios between targets are unchanged by the scale.
+at C, since smaller batches step faster). An open-loop level's batch follows from its rate by
+Little's law; its arrivals are stretched by the same scale, so the load it puts on the modelled
+servers, like every ratio between targets, is unchanged by the scale.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from backends.sim.profiles import DEFAULT_PROFILE, Profile, RoleProfile, load_profile
+from loadtest.workloads.plan import Plan
 
 # Chunks per second (summed over all streams) for the simulator + gateway + load generator on this
 # 2-core machine: `python -m benchmarks.chunk_budget` measured TPOT within 1% of the model up to
@@ -32,21 +36,66 @@ def chunk_rate(role: RoleProfile, concurrency: int) -> float:
     return 1000.0 * batch / role.step_ms(batch)
 
 
-def peak_chunk_rate(profile: Profile, concurrencies: Iterable[int], replicas: int = 1) -> float:
+def open_loop_concurrency(role: RoleProfile, rate: float, mean_output: float, most: int) -> int:
+    """Requests a server holds when offered `rate` requests/s of `mean_output` tokens, at most `most` (time scale 1).
+
+    Little's law on the modelled decode: in flight = rate x a request's decode time, which grows with
+    the batch; iterated up from one request to the first fixed point, or to `most` when the server
+    cannot keep up and its queue grows for the whole level.
+    """
+    if math.isinf(rate):
+        return most
+    inflight = 1.0
+    while inflight < most:
+        batch = min(math.ceil(inflight), role.max_running_requests)
+        grown = min(rate * mean_output / role.tokens_per_step(batch) * role.step_ms(batch) / 1000.0, most)
+        if grown <= inflight + 1e-6:
+            break
+        inflight = grown
+    return max(1, math.ceil(inflight))
+
+
+@dataclass(frozen=True)
+class LevelLoad:
+    """What one level asks of the servers, in modelled time.
+
+    `concurrency` requests at a time (closed loop), or `rate` requests/s (open loop) of
+    `mean_output` tokens each, never more than the level's `requests` at once.
+    """
+
+    concurrency: int | None = None
+    rate: float | None = None
+    mean_output: float = 1.0
+    requests: int = 1
+
+    @classmethod
+    def of(cls, plan: Plan) -> LevelLoad:
+        """The load a level's plan offers."""
+        return cls(plan.concurrency, plan.offered_request_s, plan.mean_output_len, plan.requests)
+
+    def chunk_rate(self, role: RoleProfile, replicas: int = 1) -> float:
+        """Modelled chunks per second `replicas` servers of `role` emit under this load (time scale 1)."""
+        if self.concurrency is not None:
+            c = self.concurrency
+            return min(c, replicas) * chunk_rate(role, math.ceil(c / replicas))
+        if self.rate is None:
+            raise ValueError("a level load is a concurrency or a rate")
+        each = math.ceil(self.requests / replicas)
+        inflight = open_loop_concurrency(role, self.rate / replicas, self.mean_output, each)
+        return min(self.requests, replicas) * chunk_rate(role, inflight)
+
+
+def peak_chunk_rate(profile: Profile, loads: Iterable[LevelLoad], replicas: int = 1) -> float:
     """The highest modelled chunk rate of either server (or `replicas` of it sharing a level) over the levels."""
-    levels = list(concurrencies)
-    return max(
-        min(c, replicas) * chunk_rate(role, math.ceil(c / replicas))
-        for role in (profile.eagle, profile.plain)
-        for c in levels
-    )
+    return max(load.chunk_rate(role, replicas) for role in (profile.eagle, profile.plain) for load in loads)
 
 
 def auto_time_scale(
-    profile: Profile, concurrencies: Iterable[int], budget: float = CHUNK_BUDGET, replicas: int = 1
+    profile: Profile, levels: Iterable[LevelLoad | int], budget: float = CHUNK_BUDGET, replicas: int = 1
 ) -> tuple[float, str]:
-    """The time scale for `--time-scale auto`, and a sentence saying why."""
-    peak = peak_chunk_rate(profile, concurrencies, replicas)
+    """The time scale for `--time-scale auto` (an int level is a closed-loop concurrency), and a sentence saying why."""
+    loads = [LevelLoad(concurrency=lv) if isinstance(lv, int) else lv for lv in levels]
+    peak = peak_chunk_rate(profile, loads, replicas)
     scale = max(round(peak / budget, 2), MIN_SCALE)
     over = f" over {replicas} replicas" if replicas > 1 else ""
     return scale, (

@@ -16,8 +16,9 @@ from backends.resolve import PlanError
 from loadtest.envelope.fair import Hardware, eagle_dp_cap, merge_levels, specgate_config
 from loadtest.envelope.harness import StackSettings
 from loadtest.report import build_document
-from loadtest.results import Comparison, LevelResult, ResultsDocument
+from loadtest.results import LevelResult, ResultsDocument
 from loadtest.sweep import Level, RequestsPerLevel, SweepSettings, Target
+from loadtest.verdicts import Comparison
 from tests.loadtest.test_report import target_level
 
 FAIR = Comparison("specgate", ("plain-dp", "eagle-dp", "adaptive-dp"), CARRYING_WITHIN, "same-hardware")
@@ -55,10 +56,13 @@ def test_ratios_record_the_best_baselines_and_survive_results_json() -> None:
     (lv,) = doc.levels
     assert lv.ratios["throughput_ratio"] == pytest.approx(0.98)
     assert lv.ratios["tpot_ratio"] == pytest.approx(0.0072 / 0.007)
-    assert lv.best == {"throughput": "plain-dp", "tpot": "adaptive-dp"}
+    # TTFTs tie (plain-dp, the first, is named); E2E follows TPOT here.
+    best = {"throughput": "plain-dp", "tpot": "adaptive-dp", "ttft": "plain-dp", "e2e_p50": "adaptive-dp", "e2e_p99": "adaptive-dp"}
+    assert lv.best == best
+    assert lv.ratios["ttft_p50_ratio"] == pytest.approx(1.0) and lv.ratios["failed_requests"] == 0
     assert doc.envelope is not None and doc.envelope.all_met
     raw = doc.to_json()
-    assert raw["levels"][0]["best"] == {"throughput": "plain-dp", "tpot": "adaptive-dp"}
+    assert raw["levels"][0]["best"] == best
     assert raw["envelope"]["comparison"] == "same-hardware" and raw["envelope"]["carrying_within"] == 0.1
     again = ResultsDocument.from_json(raw)
     assert again.envelope is not None and again.envelope.comparison == FAIR

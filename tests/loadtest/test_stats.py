@@ -6,6 +6,7 @@ import pytest
 
 from loadtest.records import LevelRun, RequestRecord
 from loadtest.stats import (
+    Slo,
     backend_share,
     distribution,
     level_stats,
@@ -165,3 +166,47 @@ def test_chunk_token_split_keeps_one_token_per_chunk_without_overshooting() -> N
     # Shares 0.33, 0.33, 3.33 round up to 1, 1, 3 = 5 > 4: the big chunk gives one back.
     r = streamed(0.0, [(0.1, "a"), (0.2, "b"), (0.3, "c" * 37)], end=0.3, completion=4)
     assert tokens_per_chunk(r) == [1, 1, 2]
+
+
+def with_(record: RequestRecord, cached: int = 0, tier: str | None = None) -> RequestRecord:
+    record.cached_tokens, record.tier = cached, tier
+    return record
+
+
+def test_cache_hit_rate_is_cached_over_prompt_tokens_of_the_successful_requests() -> None:
+    a = with_(streamed(0.0, [(0.1, "t")], 0.1, 1, prompt=100), cached=80)
+    b = with_(streamed(0.0, [(0.1, "t")], 0.1, 1, prompt=300), cached=0)  # a server that reports none reads 0
+    traffic = level_stats(LevelRun(0.0, 1.0, [a, b, failed("http_503")])).traffic
+    assert traffic is not None
+    assert traffic.total_cached_tokens == 80 and traffic.cache_hit_rate == pytest.approx(80 / 400)
+    assert traffic.goodput_request_s is None and traffic.tiers is None  # no SLO set, no tier asked for
+    no_prompts = level_stats(LevelRun(0.0, 1.0, [streamed(0.0, [(0.1, "t")], 0.1, 1, prompt=None)])).traffic
+    assert no_prompts is not None and no_prompts.cache_hit_rate is None
+
+
+def test_goodput_counts_the_successful_requests_within_every_slo_per_second() -> None:
+    # TTFT 100 / 300 / 100 ms; TPOT (e2e - ttft) / 9: 10 ms, 10 ms, 50 ms.
+    fast = streamed(0.0, [(0.1 + 0.01 * i, "t") for i in range(10)], 0.19, 10)
+    late = streamed(0.0, [(0.3 + 0.01 * i, "t") for i in range(10)], 0.39, 10)
+    slow = streamed(0.0, [(0.1 + 0.05 * i, "t") for i in range(10)], 0.55, 10)
+    run = LevelRun(0.0, 2.0, [fast, late, slow, failed("timeout")])
+    assert level_stats(run, slo=Slo(ttft_ms=200)).traffic.goodput_request_s == pytest.approx(2 / 2.0)  # type: ignore[union-attr]
+    assert level_stats(run, slo=Slo(tpot_ms=20)).traffic.goodput_request_s == pytest.approx(2 / 2.0)  # type: ignore[union-attr]
+    assert level_stats(run, slo=Slo(200, 20)).traffic.goodput_request_s == pytest.approx(1 / 2.0)  # type: ignore[union-attr]
+    one_token = streamed(0.0, [(0.1, "t")], 0.1, 1)
+    assert Slo(tpot_ms=1).met(one_token) and not Slo(ttft_ms=50).met(one_token)  # no TPOT to miss
+    assert Slo(100, 5).scaled(2.0) == Slo(200, 10) and not Slo().is_set
+
+
+def test_each_service_tier_gets_its_own_numbers_when_the_workload_mixes_them() -> None:
+    fast = with_(streamed(0.0, [(0.1 + 0.01 * i, "t") for i in range(10)], 0.19, 10), tier="priority")
+    late = with_(streamed(0.0, [(0.3 + 0.01 * i, "t") for i in range(10)], 0.39, 10), tier="flex")
+    untiered = streamed(0.0, [(0.1, "t")], 0.1, 1)
+    lost = with_(failed("http_429"), tier="flex")
+    traffic = level_stats(LevelRun(0.0, 1.0, [fast, late, untiered, lost]), slo=Slo(ttft_ms=200)).traffic
+    assert traffic is not None and traffic.tiers is not None and list(traffic.tiers) == ["flex", "none", "priority"]
+    flex, priority = traffic.tiers["flex"], traffic.tiers["priority"]
+    assert (flex.requests, flex.completed, flex.goodput_request_s) == (2, 1, 0.0)
+    assert (priority.requests, priority.completed, priority.goodput_request_s) == (1, 1, 1.0)
+    assert priority.ttft_p50_ms == pytest.approx(100.0) and flex.e2e_p99_ms == pytest.approx(390.0)
+    assert priority.tpot_p50_ms == pytest.approx(10.0)
