@@ -150,6 +150,15 @@ class GatewayMetrics:
         ))
         self.output_tokens = Labelled(Counter("specgate_output_tokens", "Completion tokens (from usage)", ["backend"], registry=r))
         self.prompt_tokens = Labelled(Counter("specgate_prompt_tokens", "Prompt tokens (from usage)", ["backend"], registry=r))
+        self.prefix_hit_tokens = Labelled(Counter(
+            "specgate_prefix_hit_tokens", "Prompt tokens the backend reported taking from its prefix cache", ["backend"], registry=r
+        ))
+        self.prefix_predicted_tokens = Labelled(Counter(
+            "specgate_prefix_predicted_tokens",
+            "Prompt tokens the gateway's prefix map predicted the backend held when it routed there",
+            ["backend"],
+            registry=r,
+        ))
         self.upstream_errors = Labelled(Counter(
             "specgate_upstream_errors", "Failures talking to a backend", ["backend", "kind"], registry=r
         ))
@@ -201,6 +210,8 @@ class GatewayMetrics:
             self.duration.labels(name)
             self.output_tokens.labels(name)
             self.prompt_tokens.labels(name)
+            self.prefix_hit_tokens.labels(name)
+            self.prefix_predicted_tokens.labels(name)
             self.restarts.labels(name)
             for endpoint in endpoints:
                 self.requests.labels(name, endpoint, "200")

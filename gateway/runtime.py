@@ -20,6 +20,7 @@ from gateway.pool.affinity import ResponseHomes, RidTable
 from gateway.pool.backends import Backend, Pool
 from gateway.pool.board import Board
 from gateway.pool.health import HealthChecker
+from gateway.pool.prefix import PrefixEstimate
 from gateway.relay.pacing import TurnPacer
 from gateway.upstream.client import UpstreamClient
 
@@ -76,6 +77,7 @@ class Runtime:
         self.requests: set[Any] = set()  # proxied requests in progress (`ProxyResponse`), to end them on shutdown
         self.pacer = TurnPacer(REQUESTS_PER_TURN)
         self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
+        self.prefix_estimate = PrefixEstimate(len(backends))  # turns the prefix map's blocks into tokens
         metrics.prepare(self.pool.names, ENDPOINTS)
         metrics.watch(self.pool, self.beliefs)
         metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))
@@ -162,9 +164,14 @@ class Runtime:
 
 def _record(index: int, c: Completion) -> tuple[float, ...]:
     """A completion as a board record (pool/board.py's layout)."""
-    return (index, c.output_tokens, c.ttft, c.decode_seconds, c.mean_inflight, c.mean_group_inflight, c.token_chunks)
+    return (
+        index, c.output_tokens, c.ttft, c.decode_seconds, c.mean_inflight, c.mean_group_inflight, c.token_chunks,
+        c.prompt_tokens, c.cached_tokens,
+    )
 
 
 def _completion(names: list[str], record: tuple[float, ...]) -> Completion:
-    index, tokens, ttft, decode, inflight, group_inflight, chunks = record
-    return Completion(names[int(index)], int(tokens), ttft, decode, inflight, group_inflight, int(chunks))
+    index, tokens, ttft, decode, inflight, group_inflight, chunks, prompt, cached = record
+    return Completion(
+        names[int(index)], int(tokens), ttft, decode, inflight, group_inflight, int(chunks), int(prompt), int(cached)
+    )

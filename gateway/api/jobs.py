@@ -23,6 +23,7 @@ from gateway.dialects.openai import OPENAI, Dialect
 from gateway.dialects.responses import RESPONSES
 from gateway.errors import OpenAIError
 from gateway.policies import MODE_EAGLE, MODE_PLAIN
+from gateway.pool.prefix import PromptKey
 from gateway.proxy.job import ProxyJob
 from gateway.runtime import Runtime
 from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_HEADER, Tier, requested_tier
@@ -136,4 +137,5 @@ def build_job(
         on_accepted=on_accepted,
         tier=tier or DEFAULT,
         echo_tier=echo_tier,
+        prefix=PromptKey.of(route.dialect.prompt_text(body)),
     )

@@ -14,6 +14,8 @@ from gateway.api.redact import redact_server_info
 from gateway.errors import OpenAIError
 from gateway.pool.backends import Pool
 from gateway.pool.node_load import SECTIONS, loads_prometheus, node_loads
+from gateway.pool.prefix import BLOCK_BYTES
+from gateway.runtime import Runtime
 
 router = APIRouter()
 
@@ -83,6 +85,7 @@ async def admin_status(request: Request) -> dict[str, Any]:
         "inflight": rt.pool.total_inflight,
         "limits": {**rt.budget.describe(rt.settings.limits.max_inflight), "client_connections": len(rt.client_connections)},
         "groups": _groups(rt.pool),
+        "prefix": _prefix(rt),
         "backends": [
             {
                 "name": b.name,
@@ -97,6 +100,36 @@ async def admin_status(request: Request) -> dict[str, Any]:
             }
             for b in rt.pool
         ],
+    }
+
+
+def _prefix(rt: Runtime) -> dict[str, Any]:
+    """The prefix map: its size, and per backend the prompt tokens it reported cached and was predicted to hold."""
+    table = rt.pool.board.prefix
+    per_backend: dict[str, dict[str, float | None]] = {}
+    sums = [0.0, 0.0, 0.0]
+    for name in rt.pool.names:
+        totals = rt.pool.prompt_totals(name)
+        sums = [s + v for s, v in zip(sums, totals, strict=True)]
+        per_backend[name] = _rates(*totals)
+    return {
+        "block_bytes": BLOCK_BYTES,
+        "slots": table.slots,
+        "occupied_slots": table.occupied(),
+        "tokens_per_byte": rt.prefix_estimate.tokens_per_byte,
+        "trust": dict(zip(rt.pool.names, rt.prefix_estimate.trust, strict=True)),
+        **_rates(*sums),
+        "backends": per_backend,
+    }
+
+
+def _rates(prompt: float, cached: float, predicted: float) -> dict[str, float | None]:
+    return {
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "predicted_tokens": predicted,
+        "hit_rate": cached / prompt if prompt else None,
+        "predicted_hit_rate": predicted / prompt if prompt else None,
     }
 
 

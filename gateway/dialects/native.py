@@ -11,6 +11,7 @@ relayed as it came.
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +129,7 @@ class NativeChunkReader:
     def __init__(self) -> None:
         self._prompt: dict[int, int] = {}
         self._completion: dict[int, int] = {}
+        self._cached: dict[int, int] = {}
 
     def __call__(self, chunk: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
         meta = chunk.get("meta_info")
@@ -138,7 +140,12 @@ class NativeChunkReader:
         before = self._completion.get(index, 0)
         self._completion[index] = _count(meta.get("completion_tokens"))
         self._prompt[index] = _count(meta.get("prompt_tokens"))
-        usage = {"prompt_tokens": sum(self._prompt.values()), "completion_tokens": sum(self._completion.values())}
+        self._cached[index] = _count(meta.get("cached_tokens"))
+        usage = {
+            "prompt_tokens": sum(self._prompt.values()),
+            "completion_tokens": sum(self._completion.values()),
+            "prompt_tokens_details": {"cached_tokens": sum(self._cached.values())},
+        }
         return usage, self._completion[index] > before
 
 
@@ -176,17 +183,27 @@ class NativeDialect(Dialect):
             return body
         return {**body, "rid": request_id}
 
+    def prompt_text(self, body: dict[str, Any]) -> bytes | None:
+        """One prompt's text, or its token ids as 4-byte integers; None for a batch."""
+        text, ids = body.get("text"), body.get("input_ids")
+        if isinstance(text, str):
+            return text.encode("utf-8", "surrogatepass")
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            return array.array("I", (i & 0xFFFFFFFF for i in ids)).tobytes()
+        return None
+
     def usage(self, response: Any) -> dict[str, Any] | None:
         """Summed `meta_info` counts of one output or a batch's list of outputs."""
         outputs = response if isinstance(response, list) else [response]
-        prompt = completion = 0
+        prompt = completion = cached = 0
         for out in outputs:
             meta = out.get("meta_info") if isinstance(out, dict) else None
             if not isinstance(meta, dict):
                 raise ValueError("an output without meta_info")
             prompt += _count(meta.get("prompt_tokens"))
             completion += _count(meta.get("completion_tokens"))
-        return {"prompt_tokens": prompt, "completion_tokens": completion}
+            cached += _count(meta.get("cached_tokens"))
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
     def chunk_reader(self) -> ChunkReader:
         return NativeChunkReader()

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
-from gateway.dialects.openai import Body, BodyOnlyModel, positive_int
+from gateway.dialects.openai import Body, BodyOnlyModel, messages_text, positive_int
 from gateway.edge.body_writer import BodyWriter
 from gateway.errors import OpenAIError
 from gateway.relay import StreamResult
@@ -64,6 +64,15 @@ class OllamaDialect(BodyOnlyModel):
         options = body.get("options")
         value = options.get("num_predict") if isinstance(options, dict) else None
         return value if positive_int(value) else None
+
+    def prompt_text(self, body: Body) -> bytes | None:
+        """`/api/chat`'s messages as chat's are keyed; `/api/generate`'s system prompt and prompt."""
+        if "messages" in body:
+            return messages_text(body["messages"])
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            return None
+        return f"\x1esystem\x1f{body.get('system') or ''}\x1euser\x1f{prompt}".encode("utf-8", "surrogatepass")
 
     def usage(self, response: Any) -> Body | None:
         return ollama_usage(response)

@@ -56,6 +56,18 @@ class Dialect:
             body["rid"] = request_id  # lets SGLang's /abort_request and logs name this request
         return body
 
+    def prompt_text(self, body: Body) -> bytes | None:
+        """The request's prompt as the bytes its prefix is keyed on (pool/prefix.py); None: no single prompt.
+
+        Chat messages are keyed in order, role and content, so a conversation's next turn extends its
+        last turn's key; equal text gives equal keys whatever the backend's template.
+        """
+        messages = body.get("messages")
+        if messages is not None:
+            return messages_text(messages)
+        prompt = body.get("prompt")
+        return prompt.encode("utf-8", "surrogatepass") if isinstance(prompt, str) else None
+
     def usage(self, response: Any) -> Body | None:
         """Token counts (`prompt_tokens`, `completion_tokens`) of a whole decoded response body."""
         if not isinstance(response, dict):
@@ -89,6 +101,22 @@ class BodyOnlyModel(Dialect):
 
 
 OPENAI = Dialect()
+
+
+def messages_text(messages: Any) -> bytes | None:
+    """Chat messages as prefix-key bytes: each message's role and text content, separated."""
+    if not isinstance(messages, list):
+        return None
+    parts: list[bytes] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            return None
+        content = message.get("content")
+        if not isinstance(content, str):
+            # Content parts, tool calls: keyed on their JSON, which is as stable as the client's.
+            content = orjson.dumps([content, message.get("tool_calls")], option=orjson.OPT_SORT_KEYS).decode()
+        parts.append(f"\x1e{message.get('role')}\x1f{content}".encode("utf-8", "surrogatepass"))
+    return b"".join(parts)
 
 
 def echo_json(payload: bytes, tier: Tier) -> bytes:

@@ -23,13 +23,18 @@ _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 def responses_usage(usage: Any) -> dict[str, Any] | None:
-    """The Responses API's usage (`input_tokens`, `output_tokens`) in the chat shape."""
+    """The Responses API's usage (`input_tokens`, `output_tokens`, cached input) in the chat shape."""
     if not isinstance(usage, dict):
         return None
-    return {
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    counts: dict[str, Any] = {
         "prompt_tokens": int(usage.get("input_tokens") or 0),
         "completion_tokens": int(usage.get("output_tokens") or 0),
     }
+    if isinstance(cached, int):
+        counts["prompt_tokens_details"] = {"cached_tokens": cached}
+    return counts
 
 
 def inspect_responses_event(frame: bytes) -> tuple[Frame, dict[str, Any] | None]:
@@ -66,6 +71,12 @@ class ResponsesDialect(BodyOnlyModel):
     def max_tokens(self, body: Body) -> int | None:
         value = body.get("max_output_tokens")
         return value if positive_int(value) else None
+
+    def prompt_text(self, body: Body) -> bytes | None:
+        """Instructions, then the input (text, or its items as JSON); a follow-up is pinned, not keyed."""
+        given = body.get("input")
+        text = given if isinstance(given, str) else orjson.dumps(given, option=orjson.OPT_SORT_KEYS).decode()
+        return f"\x1e{body.get('instructions') or ''}\x1f{text}".encode("utf-8", "surrogatepass")
 
     def usage(self, response: Any) -> Body | None:
         return responses_usage(response.get("usage"))

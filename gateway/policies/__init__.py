@@ -13,8 +13,8 @@ May import `gateway.pool`, `gateway.tiers` and `gateway.config`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.policies.lane import TierLane
@@ -40,6 +40,19 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Prompt:
+    """What a policy knows of a request's prompt: its estimated length, and how much of it each backend
+    is predicted to hold in its prefix cache (pool/prefix.py)."""
+
+    tokens: float
+    cached: Mapping[str, float] = field(default_factory=dict)  # backend -> predicted cached tokens
+
+    def uncached(self, backend: str) -> float:
+        """The prompt tokens `backend` would have to prefill."""
+        return max(self.tokens - self.cached.get(backend, 0.0), 0.0)
+
+
+@dataclass(frozen=True)
 class Completion:
     """What the gateway observed about one finished response; fed back to the policy."""
 
@@ -50,6 +63,8 @@ class Completion:
     mean_inflight: float  # the backend's mean in-flight count while this request decoded
     mean_group_inflight: float  # the same for all backends of its group (those sharing its GPUs)
     token_chunks: int = 0  # stream chunks that carried generated tokens (EAGLE: tokens / chunks = acceptance length)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the backend reported it took from its prefix cache
 
 
 class Policy(ABC):
@@ -59,9 +74,9 @@ class Policy(ABC):
     lane: TierLane | None = None  # the service tiers' lane, for a policy that keeps one
 
     @abstractmethod
-    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
         """Pick a backend for one more request of service tier `tier`, given the pool as it is now
-        (before adding it).
+        (before adding it) and, when the gateway could read one, its prompt.
 
         Pure: reads the snapshot and the policy's beliefs, changes neither.
         """
@@ -88,8 +103,10 @@ class Policy(ABC):
         return None
 
 
-def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None, tier: Tier = DEFAULT) -> Decision | None:
-    """Decide for one request of service tier `tier`; None when no backend can serve it.
+def route(
+    policy: Policy, snapshot: PoolSnapshot, forced: str | None = None, tier: Tier = DEFAULT, prompt: Prompt | None = None
+) -> Decision | None:
+    """Decide for one request of service tier `tier` (and `prompt`, when known); None when no backend can serve it.
 
     `forced` (the x-specgate-route header, already validated) wins when it can be served: a backend
     name, that backend; `eagle` or `plain` naming no backend, that mode (its least-loaded available
@@ -98,8 +115,7 @@ def route(policy: Policy, snapshot: PoolSnapshot, forced: str | None = None, tie
     if forced is not None:
         target = forced_backend(snapshot, forced)
         return Decision(target, "forced", tier) if target is not None else None
-    # Untiered requests ask as before, so a policy written before tiers still works.
-    decision = policy.choose(snapshot) if tier == DEFAULT else policy.choose(snapshot, tier)
+    decision = policy.choose(snapshot, tier, prompt)
     if snapshot.get(decision.backend).available:
         return replace(decision, tier=tier)
     for other in snapshot.backends:
@@ -119,12 +135,14 @@ def forced_backend(snapshot: PoolSnapshot, forced: str) -> str | None:
     return min(mode, key=lambda b: (b.inflight, snapshot.group_inflight(b), b.name)).name
 
 
-def failover(policy: Policy, snapshot: PoolSnapshot, failed: str, tier: Tier = DEFAULT) -> Decision | None:
+def failover(
+    policy: Policy, snapshot: PoolSnapshot, failed: str, tier: Tier = DEFAULT, prompt: Prompt | None = None
+) -> Decision | None:
     """Where a request goes after `failed` refused its connection (already marked down in `snapshot`).
 
     The policy decides again on the pool as it is now; None when that leaves no other backend.
     """
-    decision = route(policy, snapshot, tier=tier)
+    decision = route(policy, snapshot, tier=tier, prompt=prompt)
     if decision is None or decision.backend == failed:
         return None
     return Decision(decision.backend, FAILOVER, tier)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.policies import Decision, Policy
+from gateway.policies import Decision, Policy, Prompt
 from gateway.policies.lane import TierLane, TierSettings, static_choice
 from gateway.pool.snapshot import PoolSnapshot
 from gateway.tiers import DEFAULT, Tier
@@ -25,7 +25,7 @@ class ThresholdPolicy(Policy):
         self.threshold = threshold
         self.lane = TierLane(tiers)
 
-    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
         tiered = static_choice(snapshot, tier, max(self.threshold, self.lane.settings.slots))
         if tiered is not None:
             return Decision(*tiered, tier)
@@ -56,7 +56,7 @@ class SpillPolicy(Policy):
         self.eagle_max_inflight = eagle_max_inflight
         self.lane = TierLane(tiers)
 
-    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
         tiered = static_choice(snapshot, tier, self.eagle_max_inflight)
         if tiered is not None:
             return Decision(*tiered, tier)

@@ -19,7 +19,7 @@ import time
 import orjson
 from dataclasses import dataclass, field
 
-from gateway.pool.board import AREA, CHUNKS, EXPECTED, INFLIGHT, SERVED, SINCE, Board, LocalBoard
+from gateway.pool.board import AREA, CACHED, CHUNKS, EXPECTED, INFLIGHT, PREDICTED, PROMPT, SERVED, SINCE, Board, LocalBoard
 from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_load
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 
@@ -66,6 +66,10 @@ class Backend:
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
     mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
+    # Prompt tokens of its finished responses: sent, reported cached, predicted cached by the prefix map.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    predicted_tokens: float = 0.0
     engine_load: EngineLoad | None = None  # its own /v1/loads at the last poll; None while not ready
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
@@ -305,6 +309,24 @@ class Pool:
         backend = self._backends[name]
         mean = backend.mean_output_tokens
         backend.mean_output_tokens = float(tokens) if mean is None else mean + OUTPUT_EWMA * (tokens - mean)
+
+    def record_prompt(self, name: str, tokens: int, cached: int, predicted: float) -> None:
+        """A response on `name` reported `tokens` prompt tokens, `cached` of them from its prefix cache,
+        where the prefix map had predicted `predicted`."""
+        backend = self._backends[name]
+        backend.prompt_tokens += tokens
+        backend.cached_tokens += cached
+        backend.predicted_tokens += predicted
+        board, i = backend.board, backend.index
+        board.write(i, PROMPT, backend.prompt_tokens)
+        board.write(i, CACHED, backend.cached_tokens)
+        board.write(i, PREDICTED, backend.predicted_tokens)
+
+    def prompt_totals(self, name: str) -> tuple[float, float, float]:
+        """The whole gateway's (prompt, cached, predicted) tokens of `name`'s finished responses."""
+        backend = self._backends[name]
+        board, i = backend.board, backend.index
+        return board.total(i, PROMPT), board.total(i, CACHED), board.total(i, PREDICTED)
 
     def _take(self, name: str, weight: int = 1) -> Backend:
         backend = self._backends[name]

@@ -25,14 +25,18 @@ from multiprocessing import shared_memory
 from types import TracebackType
 from typing import Protocol
 
-# Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served.
-INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED = range(6)
-_FIELDS = 6
+from gateway.pool.prefix import PrefixTable
+
+# Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served,
+# and the prompt tokens it was sent, it reported cached, and the prefix map predicted it held.
+INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED, PROMPT, CACHED, PREDICTED = range(9)
+_FIELDS = 9
 # Per worker: routing decisions made, and the gateway's decision count at its last priority one (0: none).
 _CLOCK = 2
 # Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
-# mean group in-flight, token chunks.
-_RECORD = 7
+# mean group in-flight, token chunks, prompt tokens, cached tokens.
+_RECORD = 9
+PREFIX_SLOTS = 1 << 17  # prompt blocks the prefix map holds (pool/prefix.py): 3 MB, ~8M tokens of prefixes
 RING = 4096  # completion records kept; a worker further behind than this skips the oldest
 CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker discovered them
 LOAD_BYTES = 65536  # the backends' own /v1/loads (JSON), as the health checker last polled them
@@ -46,6 +50,7 @@ class Board(Protocol):
 
     routing: AbstractContextManager[object]  # held from reading the counts to counting the slot
     draining: bool  # the gateway as a whole is shutting down
+    prefix: PrefixTable  # which backends hold which prompt prefixes
 
     def write(self, backend: int, field: int, value: float) -> None:
         """Set this process's `field` (INFLIGHT, AREA, ...) for `backend`."""
@@ -82,7 +87,7 @@ class Board(Protocol):
 
     def publish(self, record: tuple[float, ...]) -> None:
         """Append one completion record (backend index, tokens, ttft, decode s, mean in-flight,
-        mean group in-flight, token chunks)."""
+        mean group in-flight, token chunks, prompt tokens, cached tokens)."""
 
     def unread(self) -> list[tuple[float, ...]]:
         """Completion records published since this process last asked, oldest first."""
@@ -115,10 +120,11 @@ class LocalBoard(DecisionClock):
 
     health_version = cards_version = loads_version = 0  # nothing is published: nothing to take
 
-    def __init__(self) -> None:
+    def __init__(self, prefix_slots: int = PREFIX_SLOTS) -> None:
         super().__init__()
         self.routing: AbstractContextManager[object] = contextlib.nullcontext()
         self.draining = False
+        self.prefix = PrefixTable(memoryview(bytearray(PrefixTable.size(prefix_slots))), prefix_slots)
         self._cells: dict[tuple[int, int], float] = {}
         self._records: deque[tuple[float, ...]] = deque()
 
@@ -184,6 +190,7 @@ class BoardSpec:
     workers: int
     backends: int
     locks: str  # the directory of the locks' files
+    prefix_slots: int = PREFIX_SLOTS
 
 
 class LoadBoard:
@@ -197,9 +204,14 @@ class LoadBoard:
         size = 8 * self.cells(spec.workers, spec.backends)
         self._shm = shared_memory.SharedMemory(name=spec.name, create=create, size=size)
         self._cells = self._shm.buf.cast("d")
+        self._prefix_shm = shared_memory.SharedMemory(
+            name=spec.name + "-prefix", create=create, size=PrefixTable.size(spec.prefix_slots)
+        )
         if create:
             for i in range(len(self._cells)):
                 self._cells[i] = 0.0
+            self._prefix_shm.buf[:] = bytes(len(self._prefix_shm.buf))
+        self.prefix = PrefixTable(self._prefix_shm.buf, spec.prefix_slots)
         b = spec.backends
         self._health_at = _HEADER
         self._rows_at = _HEADER + b
@@ -224,11 +236,14 @@ class LoadBoard:
 
     def close(self, *, unlink: bool = False) -> None:
         self._cells.release()
+        self.prefix.release()
         self._shm.close()
+        self._prefix_shm.close()
         self.routing.close()
         self._records.close()
         if unlink:
             self._shm.unlink()
+            self._prefix_shm.unlink()
             for name in _LOCKS:
                 os.unlink(os.path.join(self.spec.locks, name))
             os.rmdir(self.spec.locks)

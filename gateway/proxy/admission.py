@@ -10,8 +10,10 @@ spin: docs/benchmarks/gateway-overhead.md). With one process the lock is a no-op
 
 from __future__ import annotations
 
+import time
+
 from gateway.errors import OpenAIError
-from gateway.policies import Decision, failover, route
+from gateway.policies import Decision, Prompt, failover, route
 from gateway.pool.backends import Slot
 from gateway.pool.snapshot import PoolSnapshot
 from gateway.proxy.job import ProxyJob
@@ -20,9 +22,16 @@ from gateway.tiers import admit_tier
 
 
 def admit(rt: Runtime, job: ProxyJob) -> Slot:
-    """Route the request and take its in-flight slot, or raise the error that says why not."""
+    """Route the request and take its in-flight slot, or raise the error that says why not.
+
+    The prefix map is read before and written after the routing lock: it is an estimate, and a
+    long prompt's blocks take longer to look up than a decision should hold the lock.
+    """
+    prompt = _prompt(rt, job)
     with rt.pool.board.routing:
-        return _admit(rt, job)
+        slot = _admit(rt, job, prompt)
+    _sent(rt, job, slot)
+    return slot
 
 
 def fail_over(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
@@ -32,11 +41,34 @@ def fail_over(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
     """
     if job.forced is not None:
         return False
+    prompt = _prompt(rt, job)
     with rt.pool.board.routing:
-        return _move(rt, job, slot, failed)
+        moved = _move(rt, job, slot, failed, prompt)
+    if moved:
+        _sent(rt, job, slot)
+    return moved
 
 
-def _admit(rt: Runtime, job: ProxyJob) -> Slot:
+def _prompt(rt: Runtime, job: ProxyJob) -> Prompt | None:
+    """What the policy may know of the request's prompt: its length and each backend's predicted hold."""
+    key = job.prefix
+    if key is None:
+        return None
+    names = rt.pool.names
+    held = rt.pool.board.prefix.match(key.keys, len(names))
+    estimate = rt.prefix_estimate
+    cached = {name: estimate.cached_tokens(i, n) for i, (name, n) in enumerate(zip(names, held, strict=True)) if n}
+    job.prompt = Prompt(estimate.prompt_tokens(key.size), cached)
+    return job.prompt
+
+
+def _sent(rt: Runtime, job: ProxyJob, slot: Slot) -> None:
+    """The request's prompt blocks are on its backend now."""
+    if job.prefix is not None:
+        rt.pool.board.prefix.insert(job.prefix.keys, slot.backend.index, time.monotonic())
+
+
+def _admit(rt: Runtime, job: ProxyJob, prompt: Prompt | None) -> Slot:
     if rt.draining:
         raise OpenAIError(503, "the gateway is shutting down", code="shutting_down", type="server_error")
     inflight = rt.pool.total_inflight
@@ -56,7 +88,7 @@ def _admit(rt: Runtime, job: ProxyJob) -> Slot:
         )
     admit_tier(job.tier, inflight, rt.inflight_limit, rt.settings.policy.tier_flex_inflight_share)
     snapshot = rt.pool.snapshot()
-    decision = route(rt.policy, snapshot, job.forced, job.tier)
+    decision = route(rt.policy, snapshot, job.forced, job.tier, prompt)
     if decision is None:
         target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
         raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
@@ -65,9 +97,9 @@ def _admit(rt: Runtime, job: ProxyJob) -> Slot:
     return slot
 
 
-def _move(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
+def _move(rt: Runtime, job: ProxyJob, slot: Slot, failed: str, prompt: Prompt | None) -> bool:
     snapshot = rt.pool.snapshot()
-    decision = failover(rt.policy, snapshot, failed, job.tier)
+    decision = failover(rt.policy, snapshot, failed, job.tier, prompt)
     if decision is None:
         return False
     slot.move_to(decision.backend)

@@ -306,7 +306,7 @@ class ProxyResponse(Response):
             if result.error_kind in ("idle_timeout",):
                 rt.health.report_timeout(backend.name, "stream went silent")
             return
-        self._count_usage(backend.name, result.usage)
+        prompt_tokens, cached_tokens = self._count_usage(backend.name, result.usage)
         tokens = int((result.usage or {}).get("completion_tokens") or 0)
         window = slot.decode_window()
         # A batch's chunks interleave several sequences: its pace says nothing about one sequence's.
@@ -321,16 +321,34 @@ class ProxyResponse(Response):
                     mean_inflight=window.mean_inflight,
                     mean_group_inflight=window.mean_group_inflight,
                     token_chunks=result.token_chunks,
+                    prompt_tokens=prompt_tokens,
+                    cached_tokens=cached_tokens,
                 )
             )
 
-    def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> None:
+    def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> tuple[int, int]:
+        """Count a response's usage; its (prompt tokens, cached prompt tokens), (0, 0) without usage."""
         if not usage:
-            return
+            return 0, 0
+        rt = self._rt
         completion_tokens = int(usage.get("completion_tokens") or 0)
-        self._rt.pool.record_output(backend, completion_tokens)
-        self._rt.metrics.output_tokens.labels(backend).inc(completion_tokens)
-        self._rt.metrics.prompt_tokens.labels(backend).inc(int(usage.get("prompt_tokens") or 0))
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        rt.pool.record_output(backend, completion_tokens)
+        rt.metrics.output_tokens.labels(backend).inc(completion_tokens)
+        rt.metrics.prompt_tokens.labels(backend).inc(prompt_tokens)
+        details = usage.get("prompt_tokens_details")
+        reported = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = reported if isinstance(reported, int) and reported > 0 else 0
+        rt.metrics.prefix_hit_tokens.labels(backend).inc(cached)
+        key, prompt = self._job.prefix, self._job.prompt
+        if key is None or prompt is None or self._slot is None:
+            return prompt_tokens, cached
+        index = self._slot.backend.index
+        predicted = prompt.cached.get(backend, 0.0)
+        rt.metrics.prefix_predicted_tokens.labels(backend).inc(predicted)
+        rt.pool.record_prompt(backend, prompt_tokens, cached, predicted)
+        rt.prefix_estimate.learn(index, key.size, prompt_tokens, predicted, reported if isinstance(reported, int) else None)
+        return prompt_tokens, cached
 
     async def _fail(self, send: Send, status: int, message: str, code: str) -> None:
         self._status = str(status)

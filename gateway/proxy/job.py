@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.openai import OPENAI, Dialect
+from gateway.policies import Prompt
+from gateway.pool.prefix import PromptKey
 from gateway.tiers import DEFAULT, Tier
 
 
@@ -28,6 +30,8 @@ class ProxyJob:
     on_accepted: Callable[[str], None] | None = None  # called with the backend's name once it answered 200
     tier: Tier = DEFAULT  # the service tier it is served as
     echo_tier: bool = False  # the client named a tier: the response body says which one it got
+    prefix: PromptKey | None = None  # its prompt's block keys, when it has one prompt
+    prompt: Prompt | None = None  # what the policy was told of the prompt when it was routed
 
     @property
     def max_tokens(self) -> int | None:

@@ -71,9 +71,10 @@ def test_max_tokens_and_upstream_body() -> None:
 
 
 def test_usage_sums_a_batch() -> None:
-    one = {"text": "x", "meta_info": {"prompt_tokens": 3, "completion_tokens": 7}}
-    assert NATIVE.usage(one) == {"prompt_tokens": 3, "completion_tokens": 7}
-    assert NATIVE.usage([one, one]) == {"prompt_tokens": 6, "completion_tokens": 14}
+    one = {"text": "x", "meta_info": {"prompt_tokens": 3, "completion_tokens": 7, "cached_tokens": 2}}
+    cached = {"prompt_tokens_details": {"cached_tokens": 2}}
+    assert NATIVE.usage(one) == {"prompt_tokens": 3, "completion_tokens": 7, **cached}
+    assert NATIVE.usage([one, one]) == {"prompt_tokens": 6, "completion_tokens": 14, "prompt_tokens_details": {"cached_tokens": 4}}
     with pytest.raises(ValueError):
         NATIVE.usage({"text": "no meta"})
 
@@ -82,15 +83,19 @@ def test_stream_reader_counts_new_tokens_per_sequence() -> None:
     read = NativeChunkReader()
 
     def event(completion: int, index: int | None = None) -> dict[str, Any]:
-        chunk: dict[str, Any] = {"text": "t", "meta_info": {"prompt_tokens": 2, "completion_tokens": completion}}
+        meta = {"prompt_tokens": 2, "completion_tokens": completion, "cached_tokens": 1}
+        chunk: dict[str, Any] = {"text": "t", "meta_info": meta}
         if index is not None:
             chunk["index"] = index
         return chunk
 
-    assert read(event(1, 0)) == ({"prompt_tokens": 2, "completion_tokens": 1}, True)
-    assert read(event(3, 1)) == ({"prompt_tokens": 4, "completion_tokens": 4}, True)
-    assert read(event(3, 1)) == ({"prompt_tokens": 4, "completion_tokens": 4}, False)  # nothing new
-    assert read(event(5, 0)) == ({"prompt_tokens": 4, "completion_tokens": 8}, True)
+    def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached}}
+
+    assert read(event(1, 0)) == (usage(2, 1, 1), True)
+    assert read(event(3, 1)) == (usage(4, 4, 2), True)
+    assert read(event(3, 1)) == (usage(4, 4, 2), False)  # nothing new
+    assert read(event(5, 0)) == (usage(4, 8, 2), True)
     assert read({"error": {"message": "x"}}) == (None, False)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import PolicyConfig
-from gateway.policies import Completion, Decision, Policy
+from gateway.policies import Completion, Decision, Policy, Prompt
 from gateway.policies.adaptive.arms import (
     PROBE_AGREEMENT,
     Arm,
@@ -113,7 +113,7 @@ class AdaptivePolicy(Policy):
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
         self._live = snapshot
 
-    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT) -> Decision:
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
         name, reason = self._decide(snapshot, tier)
         return Decision(name, reason, tier)
 
