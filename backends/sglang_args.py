@@ -26,6 +26,10 @@ DEPRECATED_FLAGS: dict[str, str] = {
     "--enable-dp-attention": "deprecated in SGLang 0.5.23 (to be removed); use --attn-dp-size",
 }
 
+# Chat and completions report `usage.prompt_tokens_details.cached_tokens` (SGLang's `enable_cache_report`),
+# so the gateway and the load tester see how much of each prompt the prefix cache served.
+CACHE_REPORT_FLAG = "--enable-cache-report"
+
 # SGLang's priority scheduling: requests carry an integer `priority` (higher first by default).
 PRIORITY_SCHEDULING_FLAG = "--enable-priority-scheduling"
 
@@ -97,6 +101,7 @@ def sglang_argv(python: str, args: SGLangServerArgs) -> tuple[str, ...]:
     if args.api_key is not None:
         argv += ["--api-key", args.api_key]
     argv += ["--enable-metrics", "--extra-metric-labels", metric_labels_json(args.metric_labels)]
+    argv.append(CACHE_REPORT_FLAG)
     argv += args.extra_args
     return tuple(argv)
 

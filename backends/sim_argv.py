@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.sglang_args import metric_labels_json
+from backends.sglang_args import CACHE_REPORT_FLAG, metric_labels_json
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SimGroups:
 
 
 def sim_argv(common: SimCommon, placement: SimServer | SimGroups, extra_args: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The full argv of one simulator process (metrics on), `extra_args` last."""
+    """The full argv of one simulator process (metrics and cached-token reports on), `extra_args` last."""
     argv: list[str] = [sys.executable, "-m", "backends.sim", *_placement(placement)]
     if common.profile is not None:
         argv += ["--profile", common.profile]
@@ -67,7 +67,7 @@ def sim_argv(common: SimCommon, placement: SimServer | SimGroups, extra_args: tu
         argv += ["--served-model-name", common.served_model_name]
     if common.api_key is not None:
         argv += ["--api-key", common.api_key]
-    argv.append("--enable-metrics")
+    argv += ["--enable-metrics", CACHE_REPORT_FLAG]  # as the launcher's SGLang servers
     argv += _limits(placement)
     return (*argv, *extra_args)
 

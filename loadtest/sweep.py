@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,7 +31,10 @@ from loadtest.workloads.random_prompts import RandomPrompts
 from loadtest.workloads.tiers import TierMix
 from loadtest.workloads.workload import Dataset, Workload
 
-__all__ = ["Level", "Progress", "RequestsPerLevel", "Sweep", "SweepSettings", "Target", "parse_levels", "parse_trace_levels"]
+__all__ = [
+    "Level", "LevelHook", "Progress", "RequestsPerLevel", "Sweep", "SweepSettings", "Target", "parse_levels",
+    "parse_trace_levels",
+]
 
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -108,8 +111,13 @@ class Progress(Protocol):
     def level_finished(self, target: str, level: Level, stats: LevelStats) -> None: ...
 
 
+# Awaited with a target's name and a level just before that target runs that level (e.g. to flush
+# the caches of servers the targets share); nothing of it is measured.
+LevelHook = Callable[[str, Level], Awaitable[None]]
+
+
 class Sweep:
-    """Runs `settings` against `targets`; `slip` reads simulator schedule slip, `cpu` CPU use."""
+    """Runs `settings` against `targets`; `slip` reads schedule slip, `cpu` CPU use, `before_level` readies each run."""
 
     def __init__(
         self,
@@ -118,6 +126,7 @@ class Sweep:
         progress: Progress,
         cpu: CpuMeter | None = None,
         slip: SlipProbe | None = None,
+        before_level: LevelHook | None = None,
     ) -> None:
         if not targets:
             raise ValueError("at least one --target is needed")
@@ -129,6 +138,7 @@ class Sweep:
         self.progress = progress
         self.cpu = cpu or CpuMeter()
         self.slip = slip
+        self.before_level = before_level
 
     async def run(self) -> list[LevelResult]:
         """Run every level against every target, in level order (targets side by side in time)."""
@@ -179,6 +189,8 @@ class Sweep:
                 )
 
     async def _run_level(self, client: TargetClient, level: Level, plan: Plan, name: str) -> LevelRun:
+        if self.before_level is not None:
+            await self.before_level(name, level)
         self.progress.level_started(name, level, plan.requests)
         self.cpu.take()
         if self.slip is not None:

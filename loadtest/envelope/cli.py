@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -13,10 +14,12 @@ import uvloop
 from rich.console import Console
 
 from gateway.config import PolicyConfig
+from loadtest.envelope.baselines import ROUTER_CHOICES, Router, default_router_choice
 from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
 from loadtest.envelope.document import envelope_document
 from loadtest.envelope.fair import FairEnvelope, Hardware
 from loadtest.envelope.harness import Envelope, StackSettings, Topology
+from loadtest.envelope.smg import Smg
 from loadtest.envelope.timescale import LevelLoad, auto_time_scale, profile_for
 from loadtest.options import bad_parameter
 from loadtest.progress import progress_for
@@ -109,6 +112,12 @@ async def _run_until_signal(envelope: Envelope | FairEnvelope, command: str) -> 
               help="same-hardware: specgate's EAGLE server's share of its group's GPU memory [default: the launcher's]")
 @click.option("--plain-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="same-hardware: specgate's plain server's share of its group's GPU memory [default: the launcher's]")
+@click.option("--baseline-router", type=click.Choice(list(ROUTER_CHOICES)), default=None,
+              help="same-hardware, K > 1: what routes each baseline's K servers: least-inflight (the balancer), "
+                   "smg-cache-aware (the real SMG router, --policy cache_aware: targets plain-dp+smg, ...) or both "
+                   "[default: both for --dataset shared-prefix, multi-turn and trace, else least-inflight]")
+@click.option("--smg", "smg_path", type=click.Path(exists=True, dir_okay=False), envvar="SPECGATE_SMG", default=None,
+              help="the SMG router's `smg` executable (PyPI smg) [default: $SPECGATE_SMG, else `smg` on PATH]")
 @click.option("--topology", type=click.Choice(["partitioned", "colocated", "groups"]), default=None,
               help="single: the servers' layout [default: partitioned]; same-hardware: colocated for K=1, groups above "
                    "(the default)")
@@ -154,6 +163,8 @@ def envelope(
     gpus_per_group: int | None,
     eagle_mem_fraction: float | None,
     plain_mem_fraction: float | None,
+    baseline_router: str | None,
+    smg_path: str | None,
     topology: str | None,
     policy: str,
     policy_params: tuple[str, ...],
@@ -197,6 +208,7 @@ def envelope(
     hardware = Hardware(groups, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
     same_hardware = compare == "same-hardware"
     layout = _layout(same_hardware, hardware, topology, model.node_gpus)
+    routers, smg = _routers(same_hardware, baseline_router, workload.dataset.name, hardware.groups, smg_path)
     if fixed_scale is None:
         replicas = hardware.groups if same_hardware else 1
         scale, note = auto_time_scale(model, [LevelLoad.of(plan) for plan in settings.plans()], replicas=replicas)
@@ -223,7 +235,7 @@ def envelope(
     with progress_for(console) as progress:
         try:
             runner: Envelope | FairEnvelope = (
-                FairEnvelope(stack, hardware, settings, out_dir, progress) if same_hardware
+                FairEnvelope(stack, hardware, settings, out_dir, progress, routers, smg) if same_hardware
                 else Envelope(stack, settings, out_dir, progress)
             )
             results, stack_info = uvloop.run(_run_until_signal(runner, command))
@@ -272,3 +284,31 @@ def _layout(same_hardware: bool, hardware: Hardware, topology: str | None, node_
             f"{hardware.groups * hardware.gpus_per_group} GPUs; the profile's node has {node_gpus}"
         )
     return wanted
+
+
+def _routers(
+    same_hardware: bool, choice: str | None, dataset: str, groups: int, smg_path: str | None
+) -> tuple[tuple[Router, ...], Smg | None]:
+    """The routers in front of the baselines, and SMG where one is SMG (checked to run before anything starts)."""
+    if not same_hardware:
+        if choice is not None:
+            raise click.UsageError("--baseline-router applies to the same-hardware comparison (drop --compare single)")
+        return (), None
+    if choice is not None and choice != "least-inflight" and groups == 1:
+        raise click.UsageError(f"--baseline-router {choice}: with --groups 1 each baseline is one server, called "
+                               "directly; a router needs K > 1 replicas to choose between")
+    picked = choice or default_router_choice(dataset, groups)
+    routers = ROUTER_CHOICES[picked]
+    if "smg" not in routers:
+        return routers, None
+    path = smg_path or shutil.which("smg")
+    if path is None:
+        why = f"--baseline-router {picked}" + ("" if choice else f" (the default for --dataset {dataset})")
+        raise click.UsageError(
+            f"{why} runs the SMG router: install it (pip install smg==1.13.0, in a venv of its own) and give "
+            "--smg PATH or SPECGATE_SMG, or choose --baseline-router least-inflight"
+        )
+    try:
+        return routers, Smg.probe(path)
+    except RuntimeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--smg") from None

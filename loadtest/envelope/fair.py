@@ -4,9 +4,11 @@ K groups of G simulated GPUs are run four ways: `specgate` (`specgate serve` wit
 EAGLE + plain groups), `plain-dp` (K plain servers), `eagle-dp` (K EAGLE servers, with the running
 cap specgate's EAGLE servers get) and `adaptive-dp` (K SGLang `--speculative-adaptive` servers).
 The K servers of a baseline run as replicas of ONE simulator process (CPU is what 2 cores lack),
-behind the least-in-flight balancer (`loadtest.envelope.balancer`) when K > 1. Each target's
-processes run only while that target is swept, so an idle target costs nothing; every target gets
-the same requests at each level (the sweep draws them from the level's index and the seed).
+behind a router when K > 1: the least-in-flight balancer (`loadtest.envelope.balancer`), the real
+SMG router with its cache_aware policy (`loadtest.envelope.smg`, targets `plain-dp+smg`, ...), or
+each in turn (`baselines.py`). Each target's processes run only while that target is swept, so an
+idle target costs nothing and every target meets cold caches; every target gets the same requests
+at each level (the sweep draws them from the level's index and the seed).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,10 @@ from backends.readiness import wait_until_ready
 from backends.resolve import EAGLE, PlanError, resolve_servers
 from backends.sim_argv import SimCommon, SimServer, sim_argv
 from gateway.config import Settings
+from loadtest.envelope.baselines import Baseline, Router, baselines
 from loadtest.envelope.comparison import CARRYING_WITHIN
 from loadtest.envelope.harness import STARTUP_TIMEOUT, StackSettings, specgate_executable
+from loadtest.envelope.smg import POLICY, Smg, policy_settings, wait_routing
 from loadtest.monitor import CpuMeter, PidSource, descendants
 from loadtest.results import LevelResult
 from loadtest.slip import SlipProbe
@@ -38,8 +42,8 @@ from loadtest.sweep import Progress, Sweep, SweepSettings, Target
 from loadtest.verdicts import Comparison
 
 SUBJECT = "specgate"
-BASELINE_ROLES = {"plain-dp": "plain", "eagle-dp": "eagle", "adaptive-dp": "adaptive"}
 HOST = "127.0.0.1"
+Ready = Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -102,27 +106,43 @@ def eagle_dp_cap(config: dict[str, Any]) -> int | None:
 
 @dataclass(frozen=True)
 class TargetProcesses:
-    """One target's processes: what to start, where the load goes, which URLs are simulators."""
+    """One target's processes, each started once the one before is ready; where the load goes; its simulators."""
 
     name: str
     url: str
-    children: tuple[Child, ...]
-    ready_urls: tuple[tuple[str, Child], ...]
+    steps: tuple[tuple[Child, Ready], ...]
     sim_urls: tuple[str, ...]  # empty: read them from the gateway once it runs
     cpu_groups: dict[str, PidSource]
 
+    @property
+    def children(self) -> tuple[Child, ...]:
+        """Every process, in starting order."""
+        return tuple(child for child, _ in self.steps)
+
 
 class FairEnvelope:
-    """Sweeps specgate and the three data-parallel baselines on the same K x G GPUs, one after another."""
+    """Sweeps the data-parallel baselines behind each of `routers`, then specgate, on the same K x G GPUs."""
 
     def __init__(
-        self, stack: StackSettings, hardware: Hardware, settings: SweepSettings, out_dir: Path, progress: Progress
+        self,
+        stack: StackSettings,
+        hardware: Hardware,
+        settings: SweepSettings,
+        out_dir: Path,
+        progress: Progress,
+        routers: Sequence[Router] = ("least-inflight",),
+        smg: Smg | None = None,
     ) -> None:
+        if "smg" in routers and (smg is None or hardware.groups < 2):
+            raise ValueError("SMG baselines need the SMG executable and K > 1 replicas to route between")
         self.stack = stack
         self.hardware = hardware
         self.settings = settings
         self.out_dir = out_dir
         self.progress = progress
+        self.routers = tuple(routers)
+        self.smg = smg
+        self.smg_policy: str | None = None  # the policy settings SMG's log stated, once an SMG target started
         self.config_path = out_dir / "specgate.toml"
         self.gateway_port = free_loopback_port()
         self.config = specgate_config(stack, hardware, self.gateway_port)
@@ -130,36 +150,51 @@ class FairEnvelope:
             self.eagle_cap = eagle_dp_cap(self.config)
         except PlanError as exc:
             raise RuntimeError(f"specgate cannot run {hardware} on this profile: {exc}") from None
+        self.baselines = {b.name: b for b in baselines(self.routers)}
         k = hardware.groups
-        self.ports = {name: [free_loopback_port() for _ in range(k)] for name in BASELINE_ROLES}
-        self.balancer_ports = {name: free_loopback_port() for name in BASELINE_ROLES} if k > 1 else {}
+        self.ports = {name: [free_loopback_port() for _ in range(k)] for name in self.baselines}
+        self.router_ports = {name: free_loopback_port() for name in self.baselines} if k > 1 else {}
 
     def _url(self, name: str) -> str:
         if name == SUBJECT:
             return f"http://{HOST}:{self.gateway_port}"
-        port = self.balancer_ports[name] if self.balancer_ports else self.ports[name][0]
+        port = self.router_ports[name] if self.router_ports else self.ports[name][0]
         return f"http://{HOST}:{port}"
 
     def targets(self) -> list[Target]:
         """The baselines, then specgate (its plan was already checked, so a refusal came before anything ran)."""
-        return [Target(name, self._url(name)) for name in (*BASELINE_ROLES, SUBJECT)]
+        return [Target(name, self._url(name)) for name in (*self.baselines, SUBJECT)]
 
     def comparison(self) -> Comparison:
-        """specgate against the best data-parallel baseline; TPOT only against those that carry the load."""
-        return Comparison(SUBJECT, tuple(BASELINE_ROLES), CARRYING_WITHIN, "same-hardware")
+        """specgate against the best baseline, whichever router; TPOT only against those that carry the load."""
+        return Comparison(SUBJECT, tuple(self.baselines), CARRYING_WITHIN, "same-hardware")
 
     def describe(self) -> str:
-        """The report's sentence on what the targets are."""
+        """The report's sentences on what the targets are (with SMG's version and policy settings where it ran)."""
         k = self.hardware.groups
         groups, servers = ("1 co-located EAGLE-3 + plain group", "1 server") if k == 1 else (
             f"{k} co-located EAGLE-3 + plain groups", f"{k} servers")
-        balancer = "behind a least-in-flight balancer" if k > 1 else "called directly"
-        return (
+        text = (
             f"Same hardware, {self.hardware} each way: `specgate` runs {groups} behind the gateway; `plain-dp`, "
             f"`eagle-dp` (running cap {self.eagle_cap}, as specgate's EAGLE servers) and `adaptive-dp` (SGLang "
-            f"`--speculative-adaptive`) each run {servers} of one mode, {balancer}. Each target runs alone, its "
-            "servers started before and stopped after its sweep."
+            f"`--speculative-adaptive`) each run {servers} of one mode, {self._routed()}. Each target runs alone, its "
+            "servers started before and stopped after its sweep, so each meets cold caches."
         )
+        if self.smg is None or "smg" not in self.routers:
+            return text
+        settings = self.smg_policy or "not stated in its log"
+        return text + (
+            f" SMG {self.smg.version} (`smg launch --policy cache_aware`), every policy knob at SMG's default, as its "
+            f"log states them: `{settings}`; health checks on the servers' `/health` at SMG's default interval."
+        )
+
+    def _routed(self) -> str:
+        if self.hardware.groups == 1:
+            return "called directly"
+        return {
+            ("least-inflight",): "behind a least-in-flight balancer",
+            ("smg",): "behind the SMG router (`+smg`)",
+        }.get(self.routers, "once behind a least-in-flight balancer and once behind the SMG router (`+smg`)")
 
     def layout(self) -> str:
         """The title's words for the hardware."""
@@ -167,7 +202,7 @@ class FairEnvelope:
 
     def sim_argv(self, name: str) -> tuple[str, ...]:
         """The one simulator process of a baseline: K replicas of its role, each on G GPUs."""
-        role = BASELINE_ROLES[name]
+        role = self.baselines[name].role
         first, *rest = self.ports[name]
         common = SimCommon(self.stack.profile, self.stack.profile_file, self.stack.time_scale, self.stack.seed)
         server = SimServer(role, HOST, first, max_running_requests=self.eagle_cap if role == EAGLE else None)
@@ -177,24 +212,39 @@ class FairEnvelope:
 
     def _processes(self, name: str) -> TargetProcesses:
         logs = self.out_dir / "logs"
+        url = self._url(name)
         if name == SUBJECT:
             gateway = Child("gateway", [specgate_executable(), "serve", "--config", str(self.config_path)],
                             log_path=logs / "specgate.log")
-            return TargetProcesses(name, self._url(name), (gateway,), ((self._url(name), gateway),), (),
+            return TargetProcesses(name, url, ((gateway, lambda: wait_until_ready(url, gateway, STARTUP_TIMEOUT)),), (),
                                    {"gateway": lambda: [gateway.pid], "sims": lambda: descendants(gateway.pid)})
         sim = Child(name, self.sim_argv(name), log_path=logs / f"{name}.log")
         replicas = tuple(f"http://{HOST}:{p}" for p in self.ports[name])
-        ready = [(url, sim) for url in replicas]
-        children = [sim]
+        steps: list[tuple[Child, Ready]] = [(sim, lambda: replicas_ready(replicas, sim))]
         groups: dict[str, PidSource] = {"sims": lambda: [sim.pid]}
-        if self.balancer_ports:
-            argv = [sys.executable, "-m", "loadtest.envelope.balancer", "--host", HOST,
-                    "--port", str(self.balancer_ports[name]), *(a for u in replicas for a in ("--upstream", u))]
+        if self.router_ports:
+            router, ready = self._router(self.baselines[name], replicas, logs)
+            steps.append((router, ready))
+            groups["balancer"] = lambda: [router.pid]  # the baseline's router, whichever it is
+        return TargetProcesses(name, url, tuple(steps), replicas, groups)
+
+    def _router(self, baseline: Baseline, replicas: tuple[str, ...], logs: Path) -> tuple[Child, Ready]:
+        """The process in front of a baseline's replicas, and how to tell it routes."""
+        name, url, port = baseline.name, self._url(baseline.name), self.router_ports[baseline.name]
+        if baseline.router == "least-inflight":
+            argv = [sys.executable, "-m", "loadtest.envelope.balancer", "--host", HOST, "--port", str(port),
+                    *(a for u in replicas for a in ("--upstream", u))]
             balancer = Child(f"{name}-balancer", argv, log_path=logs / f"{name}-balancer.log")
-            children.append(balancer)
-            ready.append((self._url(name), balancer))
-            groups["balancer"] = lambda: [balancer.pid]
-        return TargetProcesses(name, self._url(name), tuple(children), tuple(ready), replicas, groups)
+            return balancer, lambda: wait_until_ready(url, balancer, STARTUP_TIMEOUT)
+        assert self.smg is not None
+        smg = Child(f"{name}-router", self.smg.argv(HOST, port, free_loopback_port(), replicas),
+                    log_path=logs / f"{name}-router.log")
+
+        async def routing() -> None:
+            await wait_routing(url, smg, len(replicas), STARTUP_TIMEOUT)
+            self.smg_policy = self.smg_policy or policy_settings(smg.output())
+
+        return smg, routing
 
     async def run(self, command: str) -> tuple[list[LevelResult], dict[str, Any]]:
         """Sweep each target in turn; returns the merged level results and what ran."""
@@ -208,6 +258,7 @@ class FairEnvelope:
             "eagle_mem_fraction": self.hardware.eagle_mem_fraction,
             "plain_mem_fraction": self.hardware.plain_mem_fraction,
             "eagle_dp_max_running_requests": self.eagle_cap,
+            "baseline_routers": list(self.routers),
             "config": self.config,
             "servers": {},
             "target_seconds": {},
@@ -217,15 +268,17 @@ class FairEnvelope:
             per_target.append(await self._sweep(self._processes(target.name), info))
             info["target_seconds"][target.name] = time.monotonic() - started
         info["run_seconds"] = time.monotonic() - began
+        if self.smg is not None and "smg" in self.routers:
+            info["smg"] = {"executable": self.smg.executable, "version": self.smg.version, "policy": POLICY,
+                           "policy_settings": self.smg_policy}
         return merge_levels(per_target), info
 
     async def _sweep(self, target: TargetProcesses, info: dict[str, Any]) -> list[LevelResult]:
         info["servers"][target.name] = [" ".join(c.argv) for c in target.children]
         try:
-            for child in target.children:
+            for child, ready in target.steps:
                 child.start()
-            for url, child in target.ready_urls:
-                await wait_until_ready(url, child, STARTUP_TIMEOUT)
+                await ready()
             sim_urls = target.sim_urls
             if not sim_urls:
                 status = await all_backends_ready(target.url, target.children[0], 2 * self.hardware.groups)
@@ -263,3 +316,9 @@ async def all_backends_ready(gateway_url: str, gateway: Child, expected: int) ->
                 break
             await asyncio.sleep(0.2)
     raise RuntimeError(f"the gateway never saw its {expected} backends ready; its last output:\n{gateway.last_lines()}")
+
+
+async def replicas_ready(urls: Sequence[str], sim: Child) -> None:
+    """Wait until every replica of one simulator process answers `/ready`."""
+    for url in urls:
+        await wait_until_ready(url, sim, STARTUP_TIMEOUT)

@@ -2,7 +2,8 @@
 
 The gateway is started exactly as a user would (`specgate serve --config <generated TOML>`); it
 starts the simulated EAGLE and plain servers itself. The direct targets are those same two
-simulator ports, so specgate is compared with the very servers it routes to. In the colocated
+simulator ports, so specgate is compared with the very servers it routes to (every simulator's
+prefix cache is flushed before each target's run of each level: `cache_flush.py`). In the colocated
 topology a fourth target, `adaptive` (one SGLang-like server that turns speculation off above a
 batch size), runs as its own simulator process on its own simulated GPU.
 """
@@ -24,6 +25,7 @@ import tomli_w
 from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready
 from backends.sim_argv import SimCommon, SimServer, sim_argv
+from loadtest.envelope.cache_flush import CacheFlush
 from loadtest.monitor import CpuMeter, descendants
 from loadtest.results import LevelResult
 from loadtest.slip import SlipProbe
@@ -169,8 +171,9 @@ class Envelope:
                 "gateway": lambda: [gateway.pid],
                 "sims": lambda: [*descendants(gateway.pid), *(c.pid for c in children[1:])],
             })
-            async with SlipProbe(sims) as slip:
-                results = await Sweep(self.targets(), self.settings, self.progress, cpu, slip).run()
+            # The targets share these servers, so each meets each level with their caches flushed.
+            async with SlipProbe(sims) as slip, CacheFlush(sims) as flush:
+                results = await Sweep(self.targets(), self.settings, self.progress, cpu, slip, flush).run()
         finally:
             for child in reversed(children):
                 await child.stop()

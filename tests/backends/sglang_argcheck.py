@@ -32,6 +32,7 @@ READ_BACK = (
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
     "enable_metrics",
+    "enable_cache_report",
     "extra_metric_labels",
     "api_key",
 )

@@ -82,13 +82,13 @@ def test_partitioned_8gpu_example_exact_argv_and_env() -> None:
         "--host", "127.0.0.1", "--port", "30001", "--tp-size", "4",
         "--max-running-requests", "20", "--cuda-graph-max-bs-decode", "20",
         *SPEC_70B,
-        "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}',
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}', "--enable-cache-report",
     )  # fmt: skip
     assert plain.name == "plain" and plain.env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     assert plain.argv == (
         *SGLANG, *MODEL_70B,
         "--host", "127.0.0.1", "--port", "30002", "--tp-size", "4",
-        "--enable-metrics", "--extra-metric-labels", '{"pool":"plain"}',
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"plain"}', "--enable-cache-report",
     )  # fmt: skip
     assert [(e.backend, e.url, e.speculative, e.served_model_name) for e in plan.endpoints] == [
         ("eagle", "http://127.0.0.1:30001", True, "llama-3.3-70b-instruct"),
@@ -108,13 +108,13 @@ def test_colocated_8gpu_example_splits_memory_and_starts_in_turn() -> None:
         "--host", "127.0.0.1", "--port", "30001", "--tp-size", "8", "--mem-fraction-static", "0.3",
         "--max-running-requests", "4", "--cuda-graph-max-bs-decode", "4",
         *SPEC_70B,
-        "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}',
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"eagle"}', "--enable-cache-report",
     )  # fmt: skip
     # 0.55 of the GPU is 0.55 / (1 - 0.3) of what the plain server finds free after EAGLE loaded.
     assert plain.argv == (
         *SGLANG, *MODEL_70B,
         "--host", "127.0.0.1", "--port", "30002", "--tp-size", "8", "--mem-fraction-static", "0.785",
-        "--enable-metrics", "--extra-metric-labels", '{"pool":"plain"}',
+        "--enable-metrics", "--extra-metric-labels", '{"pool":"plain"}', "--enable-cache-report",
     )  # fmt: skip
 
 
@@ -234,7 +234,7 @@ def test_sim_partitioned_is_two_processes_of_the_sim_module() -> None:
     assert eagle.argv == (
         sys.executable, "-m", "backends.sim", "--role", "eagle", "--host", "127.0.0.1", "--port", "42000",
         "--profile", "field-8gpu", "--time-scale", "0.25", "--seed", "7", "--startup-delay", "1.5",
-        "--served-model-name", "sim-model", "--enable-metrics", "--max-running-requests", "48",
+        "--served-model-name", "sim-model", "--enable-metrics", "--enable-cache-report", "--max-running-requests", "48",
         "--extra-metric-labels", '{"pool":"eagle"}',
     )  # fmt: skip
     assert plain.argv[3:9] == ("--role", "plain", "--host", "127.0.0.1", "--port", "42001")
@@ -563,6 +563,7 @@ def test_sim_serves_every_group_from_one_process() -> None:
         "--eagle-mem-fraction", "0.401", "--plain-mem-fraction", "0.398", "--gpus-per-group", "4",
     )  # fmt: skip
     assert _flag(process.argv, "--time-scale") == "0.5" and "--enable-metrics" in process.argv
+    assert "--enable-cache-report" in process.argv  # every group's servers report cached tokens
     assert _flag(process.argv, "--eagle-max-running-requests") == "48"
     assert [(e.backend, e.group, e.url) for e in process.endpoints] == [
         ("g0-eagle", "g0", "http://127.0.0.1:44000"),

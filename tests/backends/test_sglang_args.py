@@ -102,6 +102,7 @@ def test_sglang_accepts_the_generated_argv(parsed: dict[str, Any], name: str) ->
     argv = PLANS[name]
     assert values["port"] == int(argv[argv.index("--port") + 1])
     assert values["enable_metrics"] is True
+    assert values["enable_cache_report"] is True  # usage.prompt_tokens_details.cached_tokens on chat/completions
     assert values["tp_size"] == int(argv[argv.index("--tp-size") + 1])
     role, group = _role(name), _group(name)
     assert values["extra_metric_labels"] == ({"pool": role} if group is None else {"pool": role, "group": group})

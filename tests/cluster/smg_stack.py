@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import os
 import shutil
 import time
@@ -160,15 +161,17 @@ class Traffic:
 
 
 async def busy(http: httpx.AsyncClient, server: str, model: str, streams: int, prompt_tokens: int, stop: asyncio.Event) -> None:
-    """`streams` closed loops of long-prompt chats sent to one simulated server directly, until `stop`."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "the " * prompt_tokens}],
-        "max_tokens": 64,
-    }
+    """`streams` closed loops of long-prompt chats sent to one simulated server directly, until `stop`.
+
+    Every prompt starts with a word of its own, so the server's prefix cache serves none of it: each
+    one queues its whole prefill, the work SMG reads from `/v1/loads`.
+    """
+    sent = itertools.count()
 
     async def stream() -> None:
         while not stop.is_set():
+            prompt = f"busy{next(sent)} " + "the " * (prompt_tokens - 1)
+            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64}
             await http.post(f"{server}/v1/chat/completions", json=body, timeout=120)
 
     await asyncio.gather(*(stream() for _ in range(streams)))
