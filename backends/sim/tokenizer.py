@@ -27,6 +27,7 @@ __all__ = [
     "CHAT_TOKENS_PER_MESSAGE",
     "PseudoText",
     "chat_prompt_ids",
+    "chat_prompt_key",
     "count_chat_tokens",
     "count_tokens",
 ]
@@ -65,6 +66,11 @@ def chat_prompt_ids(messages: Iterable[tuple[str, str]]) -> list[int]:
         ids.append(vocab.END_OF_TURN_ID)
     ids += _REPLY_PRIMER
     return ids
+
+
+def chat_prompt_key(messages: Iterable[tuple[str, str]]) -> str:
+    """The text of a chat prompt's (role, text) messages that chooses where its output starts (`PseudoText.start_for`)."""
+    return "\n".join(text for _, text in messages)
 
 
 class PseudoText:
