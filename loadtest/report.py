@@ -30,9 +30,9 @@ def versions() -> dict[str, str]:
     return out
 
 
-def command_line(ctx: click.Context) -> str:
-    """The command that reproduces this run, every option spelled out (defaults included)."""
-    words = ["python", "-m", "loadtest", ctx.info_name or ""]
+def command_line(ctx: click.Context, program: str = "python -m loadtest") -> str:
+    """The command that reproduces this run (`program`, then the subcommand), every option spelled out (defaults included)."""
+    words = [*program.split(), ctx.info_name or ""]
     for param in ctx.command.params:
         if not isinstance(param, click.Option) or param.name is None:
             continue

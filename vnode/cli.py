@@ -1,0 +1,138 @@
+"""`python -m vnode`: `envelope` (one profile's same-hardware envelope in virtual time) and `family` (the profile family's sweep)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import click
+from rich.console import Console
+
+from loadtest.cli import LazyGroup
+from loadtest.envelope.cli import DEFAULT_LEVELS, DEFAULT_MAX_TPOT_RATIO, DEFAULT_MIN_THROUGHPUT_RATIO, parse_param
+from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
+from loadtest.envelope.fair import Hardware
+from loadtest.envelope.timescale import profile_for
+from loadtest.options import bad_parameter
+from loadtest.progress import progress_for
+from loadtest.report import command_line, write_all
+from loadtest.sweep import SweepSettings
+from loadtest.table import summary_table, table_console
+from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
+from vnode.envelope import EnvelopeSpec, run_envelope
+
+PROGRAM = "python -m vnode"
+
+
+class _Commands(LazyGroup):
+    commands_by_name = {"envelope": "vnode.cli:envelope", "family": "vnode.family_cli:family"}
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """A node of simulated SGLang servers in virtual time: envelopes and the profile family in seconds."""
+
+
+@click.command()
+@click.option("--profile", default=None, help="built-in simulator profile")
+@click.option("--profile-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="simulator profile file (TOML or JSON), laid over --profile (default: field-8gpu)")
+@click.option("--groups", type=click.IntRange(min=1), default=1, show_default=True,
+              help="K, the GPU groups (specgate) and data-parallel replicas (baselines)")
+@click.option("--gpus-per-group", type=click.IntRange(min=1), default=None,
+              help="G, the GPUs of each group or replica [default: the profile's num_gpus]")
+@click.option("--eagle-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="specgate's EAGLE server's share of its group's GPU memory [default: the launcher's]")
+@click.option("--plain-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="specgate's plain server's share of its group's GPU memory [default: the launcher's]")
+@click.option("--policy", default="adaptive", show_default=True, help="gateway routing policy")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
+              help="policy parameter (repeatable), e.g. adaptive_probe_every=400")
+@click.option("--concurrency", default=None, metavar="LIST", help=f"closed-loop levels [default: {DEFAULT_LEVELS}]")
+@click.option("--request-rate", default=None, metavar="LIST", help=RATE_HELP)
+@click.option("--requests-per-level", default=None, metavar="N|Nx", help=REQUESTS_HELP)
+@click.option("--min-requests-per-level", "min_requests", type=click.IntRange(min=0), default=16, show_default=True,
+              help="never fewer requests than this at a level")
+@click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--min-throughput-ratio", type=click.FloatRange(min=0.0), default=DEFAULT_MIN_THROUGHPUT_RATIO,
+              show_default=True, help="fail unless specgate tok/s >= R x the best baseline at every level")
+@click.option("--max-tpot-ratio", type=click.FloatRange(min=0.0), default=DEFAULT_MAX_TPOT_RATIO, show_default=True,
+              help="fail unless specgate TPOT p50 <= R x the best baseline that carries the load at every level")
+@click.option("--max-ttft-p50-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate TTFT p50 <= R x the lowest carrying baseline's at every level")
+@click.option("--max-e2e-p50-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate E2E p50 <= R x the lowest carrying baseline's at every level")
+@click.option("--max-e2e-p99-ratio", type=click.FloatRange(min=0.0), default=None,
+              help="fail unless specgate E2E p99 <= R x the lowest carrying baseline's at every level")
+@click.option("--no-failed", is_flag=True, default=False, help="fail a level where any target failed a request")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="write results.json, results.csv, the plots and report.md here")
+@workload_options
+def envelope(
+    profile: str | None,
+    profile_file: Path | None,
+    groups: int,
+    gpus_per_group: int | None,
+    eagle_mem_fraction: float | None,
+    plain_mem_fraction: float | None,
+    policy: str,
+    policy_params: tuple[str, ...],
+    concurrency: str | None,
+    request_rate: str | None,
+    requests_per_level: str | None,
+    min_requests: int,
+    input_len: int,
+    output_len: int,
+    warmup: int,
+    seed: int,
+    min_throughput_ratio: float,
+    max_tpot_ratio: float,
+    max_ttft_p50_ratio: float | None,
+    max_e2e_p50_ratio: float | None,
+    max_e2e_p99_ratio: float | None,
+    no_failed: bool,
+    out_dir: Path | None,
+    workload: WorkloadChoice,
+) -> None:
+    """specgate against the same GPUs run each other way, in virtual time (the model of `python -m loadtest envelope`)."""
+    try:
+        params = dict(parse_param(p) for p in policy_params)
+    except ValueError as exc:
+        raise bad_parameter("--policy-param", exc) from None
+    levels = workload.levels(concurrency, request_rate, DEFAULT_LEVELS)
+    settings = SweepSettings(levels=levels, requests_per_level=workload.requests(requests_per_level, min_requests, levels),
+                             input_len=input_len, output_len=output_len, warmup=warmup, seed=seed, **workload.settings())
+    try:
+        model = profile_for(profile, profile_file)
+    except ValueError as exc:
+        raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
+    hardware = Hardware(groups, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
+    if hardware.groups * hardware.gpus_per_group > model.node_gpus:
+        raise click.UsageError(f"--groups {groups} x --gpus-per-group {hardware.gpus_per_group} needs "
+                               f"{groups * hardware.gpus_per_group} GPUs; the profile's node has {model.node_gpus}")
+    limits: tuple[tuple[str, Literal[">=", "<="], float | None], ...] = (
+        ("throughput_ratio", ">=", min_throughput_ratio), ("tpot_ratio", "<=", max_tpot_ratio),
+        ("ttft_p50_ratio", "<=", max_ttft_p50_ratio), ("e2e_p50_ratio", "<=", max_e2e_p50_ratio),
+        ("e2e_p99_ratio", "<=", max_e2e_p99_ratio), (FAILED, "<=", 0.0 if no_failed else None),
+    )
+    bounds = tuple(Bound(name, op, value) for name, op, value in limits if value is not None)
+    spec = EnvelopeSpec(hardware, settings, profile or (None if profile_file else model.name), profile_file, policy,
+                        params, bounds)
+    console = Console(stderr=True)
+    with progress_for(console) as progress:
+        try:
+            doc = run_envelope(spec, progress, command_line(click.get_current_context(), PROGRAM))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    assert doc.envelope is not None
+    table_console().print(summary_table(doc))
+    for check in doc.envelope.checks:
+        console.print(check_text(check, not_met="NOT MET"))
+    if out_dir is not None:
+        write_all(doc, out_dir, envelope_markdown(doc))
+        console.print(f"wrote {out_dir}/results.json, results.csv, throughput.png, latency.png, report.md")
+    if not doc.envelope.all_met:
+        raise SystemExit(1)
