@@ -84,7 +84,7 @@ def sweep_target(target: TargetSpec, settings: SweepSettings, plans: Sequence[Pl
         progress.level_finished(target.name, level, stats)
         results.append(LevelResult(
             level.concurrency, level.request_rate, plan.requests, {target.name: TargetResult(stats, _NO_MONITOR)},
-            offered_request_s=plan.offered_request_s, trace_time_scale=level.trace_time_scale,
+            offered_request_s=plan.offered_request_s, trace_time_scale=level.trace_time_scale, rate_step=level.rate_step,
         ))
     return results
 
