@@ -10,9 +10,10 @@ later turns are recorded as skipped. Times are the model's (no time scale).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import lru_cache
 
 from loadtest.load import SKIPPED
-from loadtest.records import LevelRun, RequestRecord
+from loadtest.records import LevelRun, RequestRecord, RequestSpec
 from loadtest.workloads.plan import Plan, Session
 from vnode.events import ARRIVAL
 from vnode.node import Node
@@ -44,7 +45,8 @@ class _PlanRun:
             self._turn(session, 0, [])
 
     def _turn(self, session: Session, k: int, answers: list[str]) -> None:
-        self.node.submit(session.request(k, answers), lambda record: self._answered(session, k, answers, record))
+        spec = _opening(session) if k == 0 else session.request(k, answers)
+        self.node.submit(spec, lambda record: self._answered(session, k, answers, record))
 
     def _answered(self, session: Session, k: int, answers: list[str], record: RequestRecord) -> None:
         self.records.append(record)
@@ -61,6 +63,12 @@ class _PlanRun:
             return
         if self.plan.concurrency is not None:
             self._next_session()
+
+
+@lru_cache(maxsize=8192)  # every target of an envelope runs the same plans: make each opening request once
+def _opening(session: Session) -> RequestSpec:
+    """A session's first request (it depends on no answer)."""
+    return session.request(0, [])
 
 
 def run_plan(node: Node, plan: Plan) -> LevelRun:

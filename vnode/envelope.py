@@ -27,7 +27,7 @@ from loadtest.sweep import Level, Progress, SweepSettings, Target
 from loadtest.workloads.plan import Plan, Session, Turn
 from vnode.clients import run_plan
 from vnode.events import EventQueue
-from vnode.targets import TargetSpec, same_hardware_targets
+from vnode.targets import Draws, TargetSpec, same_hardware_targets
 
 _NO_MONITOR = Monitor({}, {})  # nothing shares a machine with the model: no self-checks to record
 
@@ -48,7 +48,7 @@ class QuietProgress:
 @dataclass(frozen=True)
 class EnvelopeSpec:
     """An envelope: the profile (a built-in name and/or a file laid over it), K x G GPUs, specgate's policy,
-    the sweep's levels and workload, and the bounds to check."""
+    the sweep's levels and workload, the bounds to check, and whose acceptance draws (see `TargetSpec.node`)."""
 
     hardware: Hardware
     settings: SweepSettings
@@ -57,6 +57,12 @@ class EnvelopeSpec:
     policy: str = "adaptive"
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     bounds: tuple[Bound, ...] = ()
+    draws: Draws = "server"
+
+
+def output_tokens(text: str) -> int:
+    """Tokens of a chunk of the simulator's output: one-token words, each after a space (tokencount's count, faster)."""
+    return text.count(" ")
 
 
 def warm_up_plan(settings: SweepSettings) -> Plan | None:
@@ -67,10 +73,12 @@ def warm_up_plan(settings: SweepSettings) -> Plan | None:
     return Plan(tuple(Session((Turn((s.prompt,), s.output_len),)) for s in specs), concurrency=settings.warmup)
 
 
-def sweep_target(target: TargetSpec, settings: SweepSettings, plans: Sequence[Plan], progress: Progress) -> list[LevelResult]:
+def sweep_target(
+    target: TargetSpec, settings: SweepSettings, plans: Sequence[Plan], progress: Progress, draws: Draws = "server"
+) -> list[LevelResult]:
     """One target through the warm-up and every level, on a fresh node."""
     events = EventQueue()
-    node = target.node(events)
+    node = target.node(events, draws=draws)
     warm = warm_up_plan(settings)
     if warm is not None:
         run_plan(node, warm)
@@ -80,7 +88,7 @@ def sweep_target(target: TargetSpec, settings: SweepSettings, plans: Sequence[Pl
         run = run_plan(node, plan)
         for record in run.records:
             progress.request_done(record)
-        stats = level_stats(run, slo=settings.slo)
+        stats = level_stats(run, output_tokens, slo=settings.slo)
         progress.level_finished(target.name, level, stats)
         results.append(LevelResult(
             level.concurrency, level.request_rate, plan.requests, {target.name: TargetResult(stats, _NO_MONITOR)},
@@ -96,7 +104,7 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
     fair, targets = same_hardware_targets(spec.profile, spec.profile_file, spec.hardware, settings, progress,
                                           spec.policy, dict(spec.policy_params))
     plans = settings.plans()
-    results = merge_levels([sweep_target(target, settings, plans, progress) for target in targets])
+    results = merge_levels([sweep_target(target, settings, plans, progress, spec.draws) for target in targets])
     profile = spec.profile or str(spec.profile_file)
     params = ", ".join(f"{k}={v}" for k, v in spec.policy_params.items())
     doc = build_document(
@@ -117,6 +125,8 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
             "config": fair.config,
         },
         preamble=[fair.describe(), "Modelled in virtual time (vnode): the simulator's engine cores on a discrete-event "
-                  "clock, no HTTP, no time scale; latencies and throughput are the model's own."],
+                  "clock, no HTTP, no time scale; latencies and throughput are the model's own. Acceptance draws: "
+                  + ("each request's own, the same on every target." if spec.draws == "request" else "each server's own, "
+                     "as the simulator draws them.")],
     )
     return add_ratios(doc, fair.comparison(), spec.bounds)

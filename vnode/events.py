@@ -1,10 +1,9 @@
 """Virtual time: actions run in order of their time, then their phase, then the order they were scheduled.
 
-Three phases order what happens at one instant as it happens on the wire. A step's end (`STEP_END`)
-comes first: its tokens are delivered and its GPU starts its next step at once, before anything a
-client does in reaction reaches a server (`ARRIVAL`: a request sent, a think time over); a server
-that was idle starts stepping only once every arrival of the instant has been queued (`WAKE`). No
-clock is read: `now` is the time of the action running.
+Two phases order what happens at one instant as it happens on the wire: a step's end (`STEP_END`)
+comes first, so its GPU starts its next step before anything a client does in reaction reaches a
+server (`ARRIVAL`: a request sent, a think time over). No clock is read: `now` is the time of the
+action running.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-STEP_END, ARRIVAL, WAKE = 0, 1, 2
+STEP_END, ARRIVAL = 0, 1
 
 Action = Callable[..., None]
 

@@ -6,6 +6,8 @@ first-come first-served lock. A server with work asks for the GPU; when a step e
 applies it, gives the GPU to the next server waiting (or takes it again, behind them), and only
 then are its tokens delivered. So a server plans its next step before any client reacts to the
 last one, as the real-time loop does, and a request that arrives during a step joins the next one.
+An idle server's first arrival starts a step at once: requests sent at one instant reach a real
+server one after another, and the real-time loop starts stepping at the first.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 from backends.sim.core import EngineCore, StepPlan
 from backends.sim.request import SimRequest
-from vnode.events import STEP_END, WAKE, EventQueue
+from vnode.events import STEP_END, EventQueue
 
 Deliver = Callable[[list[SimRequest], float], None]  # the requests a step changed, and when it ended
 
@@ -74,9 +76,8 @@ class Server:
         self.active = False  # waiting for its GPU or stepping
 
     def submit(self, req: SimRequest) -> None:
-        """Queue `req`; an idle server asks for its GPU once every arrival of this instant is queued."""
+        """Queue `req`; an idle server asks for its GPU at once, so what arrives after it joins its next step."""
         self.core.enqueue(req)
         if not self.active:
             self.active = True
-            events = self.gpu.events
-            events.at(events.now, WAKE, self.gpu.want, self)
+            self.gpu.want(self)

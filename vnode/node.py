@@ -106,11 +106,8 @@ class Node:
                 self.events.at(now, ARRIVAL, flight.on_done, self._record(flight, now))
 
     def _record(self, flight: _Flight, end: float) -> RequestRecord:
-        sim, text = flight.sim, self.text
-        texts, offset = [], 0
-        for count in flight.counts:
-            texts.append(text.text(sim.text_start, offset, count))
-            offset += count
+        sim = flight.sim
+        texts = self.text.pieces(sim.text_start, flight.counts)
         return RequestRecord(
             start=flight.sent, expected_output=flight.request.max_tokens, headers_at=flight.times[0], end=end,
             status=200, chunk_times=flight.times, chunk_texts=texts, prompt_tokens=sim.prompt_tokens,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from backends.sim.tokenizer import chat_prompt_ids, chat_prompt_key
 from loadtest.records import RequestSpec
@@ -31,9 +32,16 @@ class Request:
     def of(cls, rid: str, spec: RequestSpec) -> Request:
         """The chat request the load tool sends for `spec`."""
         messages = tuple((m["role"], m["content"]) for m in spec.chat_messages())
-        return cls(rid, messages, chat_prompt_ids(messages), chat_prompt_key(messages), spec.output_len, spec.tier)
+        ids, key = _tokenized(messages)
+        return cls(rid, messages, ids, key, spec.output_len, spec.tier)
 
     @property
     def prompt_tokens(self) -> int:
         """Tokens of the templated prompt."""
         return len(self.prompt_ids)
+
+
+@lru_cache(maxsize=8192)  # every target of an envelope sends the same prompts: tokenize each once
+def _tokenized(messages: tuple[Message, ...]) -> tuple[list[int], str]:
+    """The prompt's token ids (shared, never changed: the engine copies what it keeps) and output key."""
+    return chat_prompt_ids(messages), chat_prompt_key(messages)

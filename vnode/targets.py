@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from backends.plan import build_plan
 from backends.sim.cli import read_settings
@@ -27,6 +27,7 @@ from gateway.policies.factory import make_policy
 from loadtest.envelope.fair import BASELINE_ROLES, SUBJECT, FairEnvelope, Hardware
 from loadtest.envelope.harness import StackSettings
 from loadtest.sweep import Progress, SweepSettings
+from vnode.draws import RequestDraws
 from vnode.events import EventQueue
 from vnode.gateway_router import BackendSpec, GatewayRouter
 from vnode.gpu import Gpu, Server
@@ -34,6 +35,7 @@ from vnode.node import Node
 from vnode.router import LeastInFlightRouter, Router
 
 _SIM_MODULE_ARGS = 3  # `python -m backends.sim` before a simulator's own options
+Draws = Literal["server", "request"]
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,11 @@ class TargetSpec:
     sim: SimSettings
     gateway: Gateway | None = None
 
-    def node(self, events: EventQueue, router: Router | None = None) -> Node:
+    def node(self, events: EventQueue, router: Router | None = None, draws: Draws = "server") -> Node:
         """A fresh node of this target on `events`' clock: idle servers, empty caches, a policy that knows nothing.
 
-        `router` replaces the target's own (the balancer, or specgate's gateway).
+        `router` replaces the target's own (the balancer, or specgate's gateway); `draws`: "server", the
+        simulator's own acceptance draws, or "request", each request's own (`vnode.draws`).
         """
         profile = _profile(self.sim)
         slots = plan_layout(self.sim, profile)
@@ -67,7 +70,10 @@ class TargetSpec:
         gpus: dict[int, Gpu] = {}
         for index, (slot, name) in enumerate(zip(slots, names, strict=True)):
             gpu = gpus.setdefault(slot.group, Gpu(events))
-            node.add_server(Server(name, engine_core(self.sim, profile, slot, index, text), gpu, node.deliver))
+            core = engine_core(self.sim, profile, slot, index, text)
+            if draws == "request":
+                core.steps = RequestDraws(core.table, self.sim.seed)
+            node.add_server(Server(name, core, gpu, node.deliver))
         return node
 
     def _router(self, names: list[str], clock: Callable[[], float]) -> Router:

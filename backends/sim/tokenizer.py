@@ -102,6 +102,21 @@ class PseudoText:
             count -= take
         return "".join(pieces)
 
+    def pieces(self, start: int, counts: Iterable[int]) -> list[str]:
+        """The texts of consecutive runs of `counts` output tokens of a request that starts at `start` (the
+        chunks of a stream whose steps gave those counts): together `text(start, 0, sum(counts))`."""
+        texts, offsets, length = self._text, self._offsets, self.length
+        out: list[str] = []
+        first = 0
+        for count in counts:
+            if count < length:  # one slice of the cycle written twice
+                index = (start + first) % length
+                out.append(texts[offsets[index] : offsets[index + count]])
+            else:
+                out.append(self.text(start, first, count))
+            first += count
+        return out
+
     def token_ids(self, start: int, first: int, count: int) -> list[int]:
         """Token ids of the same output tokens as `text(start, first, count)`, which they encode to."""
         ids: list[int] = []

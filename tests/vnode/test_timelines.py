@@ -93,10 +93,14 @@ def test_the_balancer_sends_each_request_to_the_least_busy_server(round_profile:
     router = LeastInFlightRouter([f"s{i}" for i in range(4)])
     node = node_of(replicas("plain", 4, round_profile), router)
     done = [send(node, RequestSpec(WORDS, 20, output_len=6)) for _ in range(6)]
-    node.events.at(0.0, ARRIVAL + 1, lambda: inflight.extend(router.balancer.inflight))
     inflight: list[int] = []
+    node.events.at(1e-6, ARRIVAL, lambda: inflight.extend(router.balancer.inflight))  # before any step ends
     node.events.run()
     assert inflight == [2, 2, 1, 1]  # ties rotate from the first server
     assert router.balancer.inflight == [0, 0, 0, 0]
-    # Two servers step at batch 2 (3 ms a step), two at batch 1 (2.5 ms).
-    assert sorted(round(request_tpot(d[0]) / MS, 6) for d in done) == [2.5, 2.5, 3.0, 3.0, 3.0, 3.0]
+    # Servers 2 and 3 run one request each: 2.5 ms a step. Servers 0 and 1 start their first request
+    # alone (2.77 ms with its prefill); the second joins the next step (3 ms + its 0.27 ms prefill),
+    # then both decode at batch 2 (3 ms) until the first ends and the second finishes alone (2.5 ms).
+    first = (3.27 + 4 * 3.0) / 5
+    second = (4 * 3.0 + 2.5) / 5
+    assert sorted(round(request_tpot(d[0]) / MS, 6) for d in done) == [2.5, 2.5, second, second, first, first]
