@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 import click
 from rich.console import Console
 
-from loadtest.cli import LazyGroup
 from loadtest.envelope.cli import DEFAULT_LEVELS, DEFAULT_MAX_TPOT_RATIO, DEFAULT_MIN_THROUGHPUT_RATIO, parse_param
 from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
 from loadtest.envelope.fair import Hardware
@@ -20,20 +22,19 @@ from loadtest.sweep import SweepSettings
 from loadtest.table import summary_table, table_console
 from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
 from vnode.envelope import EnvelopeSpec, run_envelope
+from vnode.family import Member, family, members
+from vnode.family_report import cells_json, failures_text, family_table
+from vnode.family_sweep import WORKLOADS, Scale, run_family
 
 PROGRAM = "python -m vnode"
 
 
-class _Commands(LazyGroup):
-    commands_by_name = {"envelope": "vnode.cli:envelope", "family": "vnode.family_cli:family"}
-
-
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """A node of simulated SGLang servers in virtual time: envelopes and the profile family in seconds."""
 
 
-@click.command()
+@main.command()
 @click.option("--profile", default=None, help="built-in simulator profile")
 @click.option("--profile-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="simulator profile file (TOML or JSON), laid over --profile (default: field-8gpu)")
@@ -136,3 +137,52 @@ def envelope(
         console.print(f"wrote {out_dir}/results.json, results.csv, throughput.png, latency.png, report.md")
     if not doc.envelope.all_met:
         raise SystemExit(1)
+
+
+def _members(text: str) -> list[Member]:
+    if text == "family":
+        return family()
+    if text == "grid":
+        return members()
+    try:
+        return [Member.parse(name.strip()) for name in text.split(",") if name.strip()]
+    except ValueError as exc:
+        raise bad_parameter("--members", exc) from None
+
+
+@main.command("family")
+@click.option("--members", "member_text", default="family", show_default=True, metavar="family|grid|NAME,...",
+              help="the default family (29 members), the whole grid (240), or members named like x16-s2-line-k2")
+@click.option("--workloads", "workload_text", default=",".join(WORKLOADS), show_default=True, metavar="LIST",
+              help="workloads to run each member under")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="processes [default: one per core]")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--input-len", type=click.IntRange(min=1), default=Scale.input_len, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=2), default=Scale.output_len, show_default=True)
+@click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
+              help="policy parameter (repeatable), e.g. adaptive_probe_every=400")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write every cell's checks here (JSON)")
+def family_command(member_text: str, workload_text: str, jobs: int | None, seed: int, input_len: int, output_len: int,
+                   policy_params: tuple[str, ...], out_file: Path | None) -> None:
+    """Every member of the profile family under every workload; the worst ratio per bound, and what fails."""
+    chosen = _members(member_text)
+    names = [w.strip() for w in workload_text.split(",") if w.strip()]
+    unknown = [w for w in names if w not in WORKLOADS]
+    if unknown or not names:
+        raise click.BadParameter(f"workloads are {', '.join(WORKLOADS)}; got {workload_text!r}", param_hint="--workloads")
+    try:
+        params = dict(parse_param(p) for p in policy_params)
+    except ValueError as exc:
+        raise bad_parameter("--policy-param", exc) from None
+    began = time.perf_counter()
+    cells = run_family(chosen, names, scale=replace(Scale(), input_len=input_len, output_len=output_len), seed=seed,
+                       jobs=jobs or len(os.sched_getaffinity(0)), policy_params=params)
+    seconds = time.perf_counter() - began
+    table_console().print(family_table(cells))
+    console = Console(stderr=True)
+    for line in failures_text(cells):
+        console.print(line, highlight=False, markup=False)
+    console.print(f"{len(chosen)} members x {len(names)} workloads in {seconds:.1f} s", highlight=False)
+    if out_file is not None:
+        out_file.write_bytes(cells_json(cells, seconds))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +98,18 @@ def sweep_target(
     return results
 
 
+@lru_cache(maxsize=32)  # the family runs one workload's plans for many members: make them once per process
+def _plans(settings: SweepSettings) -> list[Plan]:
+    return settings.plans()
+
+
 def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: str = "") -> ResultsDocument:
     """Every target of `spec` on every level; the results document with its ratios and bound checks."""
     progress = progress or QuietProgress()
     settings = spec.settings
     fair, targets = same_hardware_targets(spec.profile, spec.profile_file, spec.hardware, settings, progress,
                                           spec.policy, dict(spec.policy_params))
-    plans = settings.plans()
+    plans = _plans(settings)
     results = merge_levels([sweep_target(target, settings, plans, progress, spec.draws) for target in targets])
     profile = spec.profile or str(spec.profile_file)
     params = ", ".join(f"{k}={v}" for k, v in spec.policy_params.items())
