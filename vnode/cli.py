@@ -13,7 +13,7 @@ from rich.console import Console
 
 from loadtest.envelope.cli import DEFAULT_LEVELS, DEFAULT_MAX_TPOT_RATIO, DEFAULT_MIN_THROUGHPUT_RATIO, parse_param
 from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
-from loadtest.envelope.fair import Hardware
+from loadtest.envelope.fair import BASELINE_ROLES, SUBJECT, Hardware
 from loadtest.envelope.timescale import profile_for
 from loadtest.options import bad_parameter
 from loadtest.progress import progress_for
@@ -27,6 +27,7 @@ from vnode.family_report import cells_json, failures_text, family_table
 from vnode.family_sweep import WORKLOADS, Scale, run_family
 
 PROGRAM = "python -m vnode"
+TARGETS = (*BASELINE_ROLES, SUBJECT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -69,6 +70,12 @@ def main() -> None:
 @click.option("--max-e2e-p99-ratio", type=click.FloatRange(min=0.0), default=None,
               help="fail unless specgate E2E p99 <= R x the lowest carrying baseline's at every level")
 @click.option("--no-failed", is_flag=True, default=False, help="fail a level where any target failed a request")
+@click.option("--draws", type=click.Choice(["server", "request"]), default="server", show_default=True,
+              help="acceptance draws: each server's own stream (the simulator's), or each request's own sequence, the "
+                   "same on every target (common random numbers: targets that route alike give the same numbers)")
+@click.option("--hop-ms", "hop_texts", multiple=True, metavar="[TARGET=]MS",
+              help="model ms between the clients and a target's servers, each way (repeatable; no target: every one) "
+                   "[default: 0]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="write results.json, results.csv, the plots and report.md here")
 @workload_options
@@ -95,6 +102,8 @@ def envelope(
     max_e2e_p50_ratio: float | None,
     max_e2e_p99_ratio: float | None,
     no_failed: bool,
+    draws: Literal["server", "request"],
+    hop_texts: tuple[str, ...],
     out_dir: Path | None,
     workload: WorkloadChoice,
 ) -> None:
@@ -120,8 +129,12 @@ def envelope(
         ("e2e_p99_ratio", "<=", max_e2e_p99_ratio), (FAILED, "<=", 0.0 if no_failed else None),
     )
     bounds = tuple(Bound(name, op, value) for name, op, value in limits if value is not None)
+    try:
+        hops = _hops(hop_texts)
+    except ValueError as exc:
+        raise bad_parameter("--hop-ms", exc) from None
     spec = EnvelopeSpec(hardware, settings, profile or (None if profile_file else model.name), profile_file, policy,
-                        params, bounds)
+                        params, bounds, draws, hops)
     console = Console(stderr=True)
     with progress_for(console) as progress:
         try:
@@ -137,6 +150,21 @@ def envelope(
         console.print(f"wrote {out_dir}/results.json, results.csv, throughput.png, latency.png, report.md")
     if not doc.envelope.all_met:
         raise SystemExit(1)
+
+
+def _hops(texts: tuple[str, ...]) -> dict[str, float]:
+    """`--hop-ms` values as seconds per target (`MS` alone: every target)."""
+    hops: dict[str, float] = {}
+    for text in texts:
+        target, _, ms = text.rpartition("=")
+        value = float(ms)
+        if not 0 <= value < float("inf"):
+            raise ValueError(f"a hop is a non-negative number of ms, got {text!r}")
+        for name in (target,) if target else TARGETS:
+            if name not in TARGETS:
+                raise ValueError(f"targets are {', '.join(TARGETS)}; got {name!r}")
+            hops[name] = value / 1000.0
+    return hops
 
 
 def _members(text: str) -> list[Member]:

@@ -49,7 +49,8 @@ class QuietProgress:
 @dataclass(frozen=True)
 class EnvelopeSpec:
     """An envelope: the profile (a built-in name and/or a file laid over it), K x G GPUs, specgate's policy,
-    the sweep's levels and workload, the bounds to check, and whose acceptance draws (see `TargetSpec.node`)."""
+    the sweep's levels and workload, the bounds to check, whose acceptance draws and what hop between clients
+    and servers each target has (see `TargetSpec.node`)."""
 
     hardware: Hardware
     settings: SweepSettings
@@ -59,6 +60,7 @@ class EnvelopeSpec:
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     bounds: tuple[Bound, ...] = ()
     draws: Draws = "server"
+    hops: Mapping[str, float] = field(default_factory=dict)  # seconds each way per target name (absent: 0)
 
 
 def output_tokens(text: str) -> int:
@@ -75,11 +77,16 @@ def warm_up_plan(settings: SweepSettings) -> Plan | None:
 
 
 def sweep_target(
-    target: TargetSpec, settings: SweepSettings, plans: Sequence[Plan], progress: Progress, draws: Draws = "server"
+    target: TargetSpec,
+    settings: SweepSettings,
+    plans: Sequence[Plan],
+    progress: Progress,
+    draws: Draws = "server",
+    hop: float = 0.0,
 ) -> list[LevelResult]:
     """One target through the warm-up and every level, on a fresh node."""
     events = EventQueue()
-    node = target.node(events, draws=draws)
+    node = target.node(events, draws=draws, hop=hop)
     warm = warm_up_plan(settings)
     if warm is not None:
         run_plan(node, warm)
@@ -110,7 +117,9 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
     fair, targets = same_hardware_targets(spec.profile, spec.profile_file, spec.hardware, settings, progress,
                                           spec.policy, dict(spec.policy_params))
     plans = _plans(settings)
-    results = merge_levels([sweep_target(target, settings, plans, progress, spec.draws) for target in targets])
+    results = merge_levels([
+        sweep_target(target, settings, plans, progress, spec.draws, spec.hops.get(target.name, 0.0)) for target in targets
+    ])
     profile = spec.profile or str(spec.profile_file)
     params = ", ".join(f"{k}={v}" for k, v in spec.policy_params.items())
     doc = build_document(
@@ -128,6 +137,8 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
             "policy": spec.policy,
             "policy_params": dict(spec.policy_params),
             "compare": fair.comparison().kind,
+            "draws": spec.draws,
+            "hop_seconds": dict(spec.hops),
             "config": fair.config,
         },
         preamble=[fair.describe(), "Modelled in virtual time (vnode): the simulator's engine cores on a discrete-event "

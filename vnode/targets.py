@@ -55,18 +55,19 @@ class TargetSpec:
     sim: SimSettings
     gateway: Gateway | None = None
 
-    def node(self, events: EventQueue, router: Router | None = None, draws: Draws = "server") -> Node:
+    def node(self, events: EventQueue, router: Router | None = None, draws: Draws = "server", hop: float = 0.0) -> Node:
         """A fresh node of this target on `events`' clock: idle servers, empty caches, a policy that knows nothing.
 
         `router` replaces the target's own (the balancer, or specgate's gateway); `draws`: "server", the
-        simulator's own acceptance draws, or "request", each request's own (`vnode.draws`).
+        simulator's own acceptance draws, or "request", each request's own (`vnode.draws`); `hop`: seconds
+        between the clients and the servers, each way (`vnode.node`).
         """
         profile = _profile(self.sim)
         slots = plan_layout(self.sim, profile)
         text = PseudoText(self.sim.seed)
         names = [b.name for b in self.gateway.backends] if self.gateway else [f"{self.name}-{i}" for i in range(len(slots))]
         router = router or self._router(names, lambda: events.now)
-        node = Node(events, router, text, profile.context_length, names if self.gateway else [None] * len(names))
+        node = Node(events, router, text, profile.context_length, names if self.gateway else [None] * len(names), hop)
         gpus: dict[int, Gpu] = {}
         for index, (slot, name) in enumerate(zip(slots, names, strict=True)):
             gpu = gpus.setdefault(slot.group, Gpu(events))

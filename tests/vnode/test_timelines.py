@@ -8,10 +8,11 @@ import pytest
 
 from loadtest.records import RequestRecord, RequestSpec
 from loadtest.stats import request_tpot
-from vnode.events import ARRIVAL
+from vnode.events import ARRIVAL, EventQueue
 from vnode.node import Node
 from vnode.requests import Request
 from vnode.router import LeastInFlightRouter
+from vnode.targets import TargetSpec
 
 from .conftest import colocated, node_of, replicas
 
@@ -104,3 +105,16 @@ def test_the_balancer_sends_each_request_to_the_least_busy_server(round_profile:
     first = (3.27 + 4 * 3.0) / 5
     second = (4 * 3.0 + 2.5) / 5
     assert sorted(round(request_tpot(d[0]) / MS, 6) for d in done) == [2.5, 2.5, second, second, first, first]
+
+
+def test_a_hop_delays_the_request_on_its_way_in_and_every_chunk_on_its_way_out(round_profile: Path) -> None:
+    hop = 1.5 * MS
+    ideal, far = node_of(replicas("plain", 1, round_profile)), TargetSpec("far", replicas("plain", 1, round_profile))
+    slow = far.node(EventQueue(), hop=hop)
+    near, away = send(ideal, RequestSpec(WORDS, 20, output_len=5)), send(slow, RequestSpec(WORDS, 20, output_len=5))
+    ideal.events.run()
+    slow.events.run()
+    assert away[0].start == near[0].start == 0.0
+    assert away[0].ttft == pytest.approx(near[0].ttft + 2 * hop) and away[0].e2e == pytest.approx(near[0].e2e + 2 * hop)
+    assert request_tpot(away[0]) == pytest.approx(request_tpot(near[0]))
+    assert slow.events.now == pytest.approx(away[0].end)  # the client heard the end a hop after the last step
