@@ -30,9 +30,9 @@ def versions() -> dict[str, str]:
     return out
 
 
-def command_line(ctx: click.Context) -> str:
-    """The command that reproduces this run, every option spelled out (defaults included)."""
-    words = ["python", "-m", "loadtest", ctx.info_name or ""]
+def command_line(ctx: click.Context, program: str = "python -m loadtest") -> str:
+    """The command that reproduces this run (`program`, then the subcommand), every option spelled out (defaults included)."""
+    words = [*program.split(), ctx.info_name or ""]
     for param in ctx.command.params:
         if not isinstance(param, click.Option) or param.name is None:
             continue
@@ -110,7 +110,8 @@ def csv_rows(doc: ResultsDocument) -> list[dict[str, Any]]:
                 "concurrency": level.concurrency,
                 "request_rate": level.request_rate,
                 **{k: v for k, v in (("offered_request_s", level.offered_request_s),
-                                     ("trace_time_scale", level.trace_time_scale)) if v is not None},
+                                     ("trace_time_scale", level.trace_time_scale),
+                                     ("rate_step", level.rate_step)) if v is not None},
                 "requests": level.requests,
                 "target": name,
                 **scalars,

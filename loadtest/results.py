@@ -19,7 +19,7 @@ import orjson
 
 from loadtest.stats import LATENCY_METRICS, Distribution, LevelStats, TierStats, TrafficStats
 from loadtest.verdicts import EnvelopeVerdict, Health
-from loadtest.workloads.level import Level
+from loadtest.workloads.level import Level, RateStep
 
 Json = dict[str, Any]
 _STATS = ("p50", "p90", "p99", "mean")
@@ -143,7 +143,8 @@ class LevelResult:
     `best` names the baseline each ratio was taken against (`{"throughput": "plain-dp", "tpot":
     "eagle-dp"}`), None where not recorded. `offered_request_s`: the requests per second an open
     level offered, on the clock `request_s` is measured on; `trace_time_scale`: a trace level's
-    factor. Both are None where they do not apply (and left out of the file).
+    factor; `rate_step`: a rate-step level's schedule. Each is None where it does not apply (and
+    left out of the file).
     """
 
     concurrency: int | None
@@ -154,11 +155,12 @@ class LevelResult:
     best: Mapping[str, str | None] | None = None
     offered_request_s: float | None = None
     trace_time_scale: float | None = None
+    rate_step: RateStep | None = None
 
     @property
     def label(self) -> str:
-        """`C=8`, `4/s` or `trace x0.5`."""
-        return Level(self.concurrency, self.request_rate, self.trace_time_scale).label
+        """`C=8`, `4/s`, `step 2-8/s x30s` or `trace x0.5`."""
+        return Level(self.concurrency, self.request_rate, self.trace_time_scale, self.rate_step).label
 
     @property
     def x(self) -> float | None:
@@ -168,11 +170,13 @@ class LevelResult:
         """
         if self.concurrency is not None:
             return self.concurrency
-        return self.request_rate if self.trace_time_scale is None else self.offered_request_s
+        return self.request_rate if self.trace_time_scale is None and self.rate_step is None else self.offered_request_s
 
     def to_json(self) -> Json:
         """One entry of `levels` in results.json."""
-        extra = {k: v for k, v in (("offered_request_s", self.offered_request_s), ("trace_time_scale", self.trace_time_scale))
+        step = self.rate_step
+        extra = {k: v for k, v in (("offered_request_s", self.offered_request_s), ("trace_time_scale", self.trace_time_scale),
+                                   ("rate_step", None if step is None else [step.low, step.high, step.seconds]))
                  if v is not None}
         return {
             "concurrency": self.concurrency,
@@ -187,7 +191,8 @@ class LevelResult:
     @classmethod
     def from_json(cls, raw: Json) -> LevelResult:
         """Read one entry of `levels`; keys beyond the known ones are its ratios."""
-        known = ("concurrency", "request_rate", "offered_request_s", "trace_time_scale", "requests", "targets", "best")
+        known = ("concurrency", "request_rate", "offered_request_s", "trace_time_scale", "rate_step", "requests", "targets",
+                 "best")
         return cls(
             concurrency=raw["concurrency"],
             request_rate=raw["request_rate"],
@@ -197,6 +202,7 @@ class LevelResult:
             best=raw.get("best"),
             offered_request_s=raw.get("offered_request_s"),
             trace_time_scale=raw.get("trace_time_scale"),
+            rate_step=RateStep(*raw["rate_step"]) if "rate_step" in raw else None,
         )
 
 

@@ -161,7 +161,7 @@ class Sweep:
                     offered = plan.offered_request_s / s.time_scale if plan.offered_request_s is not None else None
                     results.append(LevelResult(
                         level.concurrency, level.request_rate, plan.requests, targets,
-                        offered_request_s=offered, trace_time_scale=level.trace_time_scale,
+                        offered_request_s=offered, trace_time_scale=level.trace_time_scale, rate_step=level.rate_step,
                     ))
         return results
 

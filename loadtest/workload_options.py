@@ -19,6 +19,7 @@ from loadtest.options import bad_parameter
 from loadtest.stats import Slo
 from loadtest.sweep import Level, RequestsPerLevel, parse_levels, parse_trace_levels
 from loadtest.workloads.lengths import LENGTH_KINDS, LengthDist
+from loadtest.workloads.level import RateStep
 from loadtest.workloads.multi_turn import MultiTurn
 from loadtest.workloads.random_prompts import RandomPrompts
 from loadtest.workloads.shared_prefix import SharedPrefix
@@ -46,6 +47,9 @@ _OPTIONS = (
                  help="lognormal lengths: median / mean (mean L; clipped to [1, 32 L])"),
     click.option("--burstiness", type=_POSITIVE, default=1.0, show_default=True,
                  help="open-loop gaps: gamma with shape B, mean 1/rate (vLLM's); 1 = Poisson, lower is burstier"),
+    click.option("--rate-step", default=None, metavar="LOW,HIGH,SECONDS",
+                 help="one open-loop level whose rate steps from LOW up to HIGH requests/s and back, SECONDS each "
+                      "(LOW x SECONDS + HIGH x SECONDS + LOW x SECONDS requests), arrivals as --burstiness says"),
     click.option("--gsp-num-groups", type=click.IntRange(min=1), default=64, show_default=True,
                  help="shared-prefix: system prompts (groups)"),
     click.option("--gsp-prompts-per-group", type=click.IntRange(min=1), default=16, show_default=True,
@@ -83,7 +87,7 @@ _OPTIONS = (
                  help="goodput counts requests with TPOT at most this (streamed only)"),
 )
 _NAMES = (
-    "dataset", "length_dist", "range_ratio", "length_median_ratio", "burstiness", "gsp_num_groups",
+    "dataset", "length_dist", "range_ratio", "length_median_ratio", "burstiness", "rate_step", "gsp_num_groups",
     "gsp_prompts_per_group", "gsp_system_prompt_len", "gsp_question_len", "gsp_output_len", "turns", "think_time",
     "tenants", "system_prompt_len", "trace_path", "trace_time_scale", "trace_start_ms", "trace_duration_ms",
     "num_requests", "tier_mix", "slo_ttft_ms", "slo_tpot_ms",
@@ -100,17 +104,22 @@ class WorkloadChoice:
     tier_mix: TierMix | None
     slo: Slo
     trace_time_scales: str
+    rate_step: RateStep | None = None
 
     def levels(self, concurrency: str | None, request_rate: str | None, default_concurrency: str) -> tuple[Level, ...]:
-        """The load levels: a trace's time scales, or closed-loop concurrencies, or open-loop rates."""
+        """The load levels: a trace's time scales, or closed-loop concurrencies, or open-loop rates, or a rate step."""
         if isinstance(self.dataset, TraceReplay):
-            if concurrency is not None or request_rate is not None:
+            if concurrency is not None or request_rate is not None or self.rate_step is not None:
                 raise click.UsageError("--dataset trace replays the trace on its own schedule: give --trace-time-scale, "
-                                       "not --concurrency or --request-rate")
+                                       "not --concurrency, --request-rate or --rate-step")
             try:
                 return parse_trace_levels(self.trace_time_scales)
             except ValueError as exc:
                 raise bad_parameter("--trace-time-scale", exc) from None
+        if self.rate_step is not None:
+            if concurrency is not None or request_rate is not None:
+                raise click.UsageError("--rate-step is a level of its own: give it without --concurrency or --request-rate")
+            return (Level(rate_step=self.rate_step),)
         if concurrency is not None and request_rate is not None:
             raise click.UsageError("give either --concurrency (closed loop) or --request-rate (open loop), not both")
         try:
@@ -123,6 +132,8 @@ class WorkloadChoice:
         if text is not None and isinstance(self.dataset, SharedPrefix | TraceReplay):
             sends = "every group's requests" if isinstance(self.dataset, SharedPrefix) else "the trace's window"
             raise click.UsageError(f"--requests-per-level does not apply to --dataset {self.dataset.name}: a level sends {sends}")
+        if text is not None and self.rate_step is not None:
+            raise click.UsageError("--requests-per-level does not apply to --rate-step: its rates and duration set the count")
         closed = levels[0].concurrency is not None
         try:
             per_level = RequestsPerLevel.parse(text or ("4x" if closed else "64"), minimum if closed else 0)
@@ -160,8 +171,12 @@ def _choice(o: dict[str, Any]) -> WorkloadChoice:
         tier_mix = TierMix.parse(o["tier_mix"]) if o["tier_mix"] is not None else None
     except ValueError as exc:
         raise bad_parameter("--tier-mix", exc) from None
+    try:
+        rate_step = RateStep.parse(o["rate_step"]) if o["rate_step"] is not None else None
+    except ValueError as exc:
+        raise bad_parameter("--rate-step", exc) from None
     return WorkloadChoice(_dataset(o), lengths, o["burstiness"], tier_mix, Slo(o["slo_ttft_ms"], o["slo_tpot_ms"]),
-                          o["trace_time_scale"])
+                          o["trace_time_scale"], rate_step)
 
 
 def _dataset(o: dict[str, Any]) -> Dataset:

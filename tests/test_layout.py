@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ("specgate", "gateway", "backends", "loadtest", "tokencount", "benchmarks", "tests")
+PACKAGES = ("specgate", "gateway", "backends", "loadtest", "tokencount", "vnode", "benchmarks", "tests")
 _ROW = re.compile(r"^\|\s*`([\w.]+)`\s*\|.*\|\s*(.+?)\s*\|$")
 
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,21 +152,7 @@ def _option_error(err: ErrorDetails) -> str:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error", "critical"]), default="info")
 def sim_command(**options: Any) -> None:
     """Run a simulated SGLang server (EAGLE-3, plain or adaptive) with a calibrated timing model."""
-    try:
-        options["test_faults"] = [parse_fault(text) for text in options["test_faults"]]
-    except (ValidationError, orjson.JSONDecodeError) as exc:
-        raise click.BadParameter(describe_error(exc), param_hint="--test-fault") from exc
-    if any(fault.kind not in STARTUP_FAULT_KINDS for fault in options["test_faults"]):
-        raise click.BadParameter(
-            f"at start a fault is one of {', '.join(STARTUP_FAULT_KINDS)}", param_hint="--test-fault"
-        )
-    options["extra_metric_labels"] = _labels(options["extra_metric_labels"])
-    for flag in ("port", "eagle_port", "plain_port"):
-        options[flag] = list(options[flag])
-    try:
-        settings = SimSettings(**options)
-    except ValidationError as exc:
-        raise click.UsageError("; ".join(_option_error(err) for err in exc.errors())) from exc
+    settings = _settings(options)
     try:
         profile = load_profile(settings.profile, settings.profile_file)
     except ProfileError as exc:
@@ -185,3 +172,28 @@ def sim_command(**options: Any) -> None:
             runner.run(process.run())
     except OSError as exc:
         raise click.ClickException(f"cannot serve: {exc}") from exc
+
+
+def _settings(options: dict[str, Any]) -> SimSettings:
+    """The settings the command's parsed options give (click errors naming the option at fault)."""
+    try:
+        options["test_faults"] = [parse_fault(text) for text in options["test_faults"]]
+    except (ValidationError, orjson.JSONDecodeError) as exc:
+        raise click.BadParameter(describe_error(exc), param_hint="--test-fault") from exc
+    if any(fault.kind not in STARTUP_FAULT_KINDS for fault in options["test_faults"]):
+        raise click.BadParameter(
+            f"at start a fault is one of {', '.join(STARTUP_FAULT_KINDS)}", param_hint="--test-fault"
+        )
+    options["extra_metric_labels"] = _labels(options["extra_metric_labels"])
+    for flag in ("port", "eagle_port", "plain_port"):
+        options[flag] = list(options[flag])
+    try:
+        return SimSettings(**options)
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(_option_error(err) for err in exc.errors())) from exc
+
+
+def read_settings(args: Sequence[str]) -> SimSettings:
+    """The settings a simulator process started with `args` (its argv after `-m backends.sim`) runs with."""
+    with sim_command.make_context("sim", list(args)) as ctx:
+        return _settings(dict(ctx.params))

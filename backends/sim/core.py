@@ -179,7 +179,7 @@ class EngineCore:
         self.prefill_tokens_total += plan.prefill_tokens
         self.prefill_busy_seconds += self.table.prefill_ms_per_token * plan.prefill_tokens / 1000.0
         self._log_cache_hits(plan)
-        draws = self.steps.draw(plan.batch, plan.decoding)
+        draws = self.steps.draw(plan.batch, plan.decoding, self.running.values())
         observer = self.observer
         changed: list[SimRequest] = []
         tokens = decode_tokens = 0

@@ -28,10 +28,10 @@ from backends.sim.metrics import SimMetrics
 from backends.sim.profiles import Profile, Role, RoleProfile
 from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
 from backends.sim.render import ChatRenderer, CompletionRenderer, Renderer
-from backends.sim.request import RequestError, SimRequest
+from backends.sim.request import RequestError, SimRequest, check_context
 from backends.sim.responses import GenerationResponse
 from backends.sim.settings import SimSettings
-from backends.sim.tokenizer import chat_prompt_ids
+from backends.sim.tokenizer import chat_prompt_ids, chat_prompt_key
 
 Status = Literal["starting", "up", "draining"]
 
@@ -126,17 +126,14 @@ class Endpoint:
                 raise RequestError("Messages cannot be empty.")
             messages = [(m.role, m.text()) for m in body.messages]
             prompt_ids = chat_prompt_ids(messages)
-            prompt_key = "\n".join(text for _, text in messages)
+            prompt_key = chat_prompt_key(messages)
             prefix = "chatcmpl-"
         else:
             prompt_ids, prompt_key = _completion_prompt(body.prompt)
             prefix = "cmpl-"
         prompt_tokens = len(prompt_ids)
         limit = self.profile.context_length
-        if prompt_tokens >= limit:
-            raise RequestError(
-                f"The input ({prompt_tokens} tokens) is longer than the model's context length ({limit} tokens)."
-            )
+        check_context(prompt_tokens, 0, limit)
         requested = body.requested_max_tokens()
         natural_stop = None
         if requested is not None:
@@ -146,13 +143,7 @@ class Endpoint:
         else:
             max_new = min(self.profile.default_max_tokens, limit - prompt_tokens)
             natural_stop = self.profile.eos_token_id
-        if prompt_tokens + max_new > limit:
-            raise RequestError(
-                f"Requested token count exceeds the model's maximum context length of {limit} tokens. You requested "
-                f"a total of {prompt_tokens + max_new} tokens: {prompt_tokens} tokens from the input messages and "
-                f"{max_new} tokens for the completion. Please reduce the number of tokens in the input messages or "
-                "the completion to fit within the limit."
-            )
+        check_context(prompt_tokens, max_new, limit)
         req = SimRequest(
             rid=f"{body.request_id() or prefix + uuid.uuid4().hex}{f'-{choice}' if choice else ''}",
             prompt_ids=prompt_ids,

@@ -4,7 +4,8 @@ Every group (a co-located pair, or one replica of a role) has `gpus_per_group` G
 timeline. Each server takes its share of the group's memory (`SimSettings.mem_share`), holds its
 weights there, and keeps the rest as KV cache: its budget divided by the role's KV bytes per token
 (`Profile.kv_bytes_per_token`) is its `max_total_tokens`. A lone server on the profile's GPUs keeps
-the profile's `max_total_tokens` exactly. A group whose servers do not fit is refused.
+the profile's `max_total_tokens` exactly. A group whose servers do not fit is refused. `engine_core`
+builds a slot's engine core the one way every driver of it (real time or virtual) does.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.memory import ServerShare, group_misfit, kv_budget_gb, kv_tokens, node_capacity
+from backends.sim.core import EngineCore
 from backends.sim.profiles import Profile, Role
 from backends.sim.settings import SimSettings
+from backends.sim.steps import StepModel
+from backends.sim.tokenizer import PseudoText
 
 
 class LayoutError(ValueError):
@@ -68,3 +72,22 @@ def plan_layout(settings: SimSettings, profile: Profile) -> list[ServerSlot]:
                 )
             )
     return slots
+
+
+def engine_core(settings: SimSettings, profile: Profile, slot: ServerSlot, index: int, text: PseudoText) -> EngineCore:
+    """The engine core of `slot`, the `index`-th server of the process in start order.
+
+    Its role's table with the slot's KV room and the running cap the settings give, acceptance
+    draws seeded `seed * 1000 + index`, the process's output text, its prefix cache unless disabled.
+    """
+    table = profile.role(slot.role).model_copy(update={"max_total_tokens": slot.max_total_tokens})
+    cap = settings.running_cap(slot.role)
+    if cap is not None:
+        table = table.model_copy(update={"max_running_requests": cap})
+    return EngineCore(
+        table,
+        StepModel(table, seed=settings.seed * 1000 + index),
+        text,
+        max_prefill_tokens=profile.max_prefill_tokens,
+        radix_cache=not settings.disable_radix_cache,
+    )

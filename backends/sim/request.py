@@ -20,6 +20,21 @@ class RequestError(ValueError):
     """A request the server refuses (SGLang answers these with a 400)."""
 
 
+def check_context(prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
+    """Raise SGLang's `RequestError` for a prompt, or a prompt and its output, longer than the context."""
+    if prompt_tokens >= context_length:
+        raise RequestError(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
+    if prompt_tokens + max_new_tokens > context_length:
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. You "
+            f"requested a total of {prompt_tokens + max_new_tokens} tokens: {prompt_tokens} tokens from the input "
+            f"messages and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the "
+            "input messages or the completion to fit within the limit."
+        )
+
+
 @dataclass(slots=True, eq=False)
 class SimRequest:
     """One generation request as the engine sees it."""

@@ -13,16 +13,14 @@ import socket
 import uvicorn
 
 from backends.sim.app import apply_fault, create_app
-from backends.sim.core import EngineCore
 from backends.sim.endpoint import Endpoint
 from backends.sim.engine import Engine
 from backends.sim.faults import FaultState
-from backends.sim.layout import ServerSlot
+from backends.sim.layout import ServerSlot, engine_core
 from backends.sim.metrics import SimMetrics
 from backends.sim.profiles import Profile
 from backends.sim.responses import InjectedDrop
 from backends.sim.settings import SimSettings
-from backends.sim.steps import StepModel
 from backends.sim.timeline import Timeline
 from backends.sim.tokenizer import PseudoText
 from backends.uvicorn_server import UvicornServer
@@ -72,17 +70,8 @@ class SimProcess:
     def _endpoint(self, slot: ServerSlot, port: int, timeline: Timeline, text: PseudoText, index: int) -> Endpoint:
         settings = self.settings
         role = slot.role
-        table = self.profile.role(role).model_copy(update={"max_total_tokens": slot.max_total_tokens})
-        cap = settings.running_cap(role)
-        if cap is not None:
-            table = table.model_copy(update={"max_running_requests": cap})
-        core = EngineCore(
-            table,
-            StepModel(table, seed=settings.seed * 1000 + index),
-            text,
-            max_prefill_tokens=self.profile.max_prefill_tokens,
-            radix_cache=not settings.disable_radix_cache,
-        )
+        core = engine_core(settings, self.profile, slot, index, text)
+        table = core.table
         engine = Engine(core, timeline, time_scale=settings.time_scale)
         served = settings.served_model_name or self.profile.model_path
         metrics = None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 
 from backends.sim.profiles import RoleProfile
+from backends.sim.request import SimRequest
 
 
 class StepModel:
@@ -36,8 +38,12 @@ class StepModel:
         """Whether a step at `batch` drafts (and so may yield several tokens per request)."""
         return self.table.is_speculating(batch) and len(self._values) > 1
 
-    def draw(self, batch: int, decoding: int) -> list[int] | None:
-        """Tokens gained by each of `decoding` requests in a step at `batch`; None when each gains 1."""
+    def draw(self, batch: int, decoding: int, running: Iterable[SimRequest] = ()) -> list[int] | None:
+        """Tokens gained by each of `decoding` requests in a step at `batch`; None when each gains 1.
+
+        `running` is the step's batch in the order the draws are used (its decoding requests are those
+        past their first token); this model draws from its own seeded stream and does not look at it.
+        """
         if not self.speculating(batch) or decoding == 0:
             return None
         return self._rng.choices(self._values, cum_weights=self._cum_weights, k=decoding)

@@ -27,6 +27,7 @@ __all__ = [
     "CHAT_TOKENS_PER_MESSAGE",
     "PseudoText",
     "chat_prompt_ids",
+    "chat_prompt_key",
     "count_chat_tokens",
     "count_tokens",
 ]
@@ -67,6 +68,11 @@ def chat_prompt_ids(messages: Iterable[tuple[str, str]]) -> list[int]:
     return ids
 
 
+def chat_prompt_key(messages: Iterable[tuple[str, str]]) -> str:
+    """The text of a chat prompt's (role, text) messages that chooses where its output starts (`PseudoText.start_for`)."""
+    return "\n".join(text for _, text in messages)
+
+
 class PseudoText:
     """The simulated model's output: a seeded cycle of one-token words; a request reads a window of it."""
 
@@ -95,6 +101,21 @@ class PseudoText:
             pieces.append(self._text[self._offsets[index] : self._offsets[index + take]])
             count -= take
         return "".join(pieces)
+
+    def pieces(self, start: int, counts: Iterable[int]) -> list[str]:
+        """The texts of consecutive runs of `counts` output tokens of a request that starts at `start` (the
+        chunks of a stream whose steps gave those counts): together `text(start, 0, sum(counts))`."""
+        texts, offsets, length = self._text, self._offsets, self.length
+        out: list[str] = []
+        first = 0
+        for count in counts:
+            if count < length:  # one slice of the cycle written twice
+                index = (start + first) % length
+                out.append(texts[offsets[index] : offsets[index + count]])
+            else:
+                out.append(self.text(start, first, count))
+            first += count
+        return out
 
     def token_ids(self, start: int, first: int, count: int) -> list[int]:
         """Token ids of the same output tokens as `text(start, first, count)`, which they encode to."""

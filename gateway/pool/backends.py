@@ -7,7 +7,8 @@ body, as SMG's guard objects are. Backends of one group share GPUs; a backend na
 a group of its own. The pool keeps each backend's load integral (so a slot can tell the mean load
 its request decoded under) and, over its in-flight requests, the output they are expected to
 produce and the token-bearing chunks relayed so far. Every number goes through the pool's `Board`
-(`board.py`): the process's own, or the whole gateway's with several workers.
+(`board.py`): the process's own, or the whole gateway's with several workers. Time is the pool's
+`clock` (`time.monotonic` in the gateway; a virtual-time model of the node passes its own).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import Callable
 
 import orjson
 from dataclasses import dataclass, field
@@ -24,6 +26,8 @@ from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 
 OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
+
+Clock = Callable[[], float]  # seconds, monotonic
 
 
 class Health(enum.Enum):
@@ -73,7 +77,8 @@ class Backend:
     engine_load: EngineLoad | None = None  # its own /v1/loads at the last poll; None while not ready
     # Integral of `inflight` over time, so a request can learn the mean load it ran under in O(1).
     _load_area: float = 0.0
-    _load_since: float = field(default_factory=time.monotonic)
+    _load_since: float = 0.0
+    clock: Clock = time.monotonic  # the pool's, once it holds this backend
     # Where this process's numbers go and the gateway's are read (the fields above are this
     # process's share; the `*_total` properties and the view are the gateway's).
     board: Board = field(default_factory=LocalBoard)
@@ -81,6 +86,7 @@ class Backend:
 
     def __post_init__(self) -> None:
         self.group = self.group or self.name
+        self._load_since = self.clock()
 
     @property
     def inflight_total(self) -> int:
@@ -111,7 +117,7 @@ class Backend:
         return self.board.load_area(self.index, now)
 
     def _change(self, delta: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
         self._load_area += self.inflight * (now - self._load_since)
         self._load_since = now
         self.inflight += delta
@@ -144,7 +150,7 @@ class Slot:
         self._max_tokens = max_tokens
         self._chunks = 0
         self._expected = self._expect(backend)
-        self.acquired_at = time.monotonic()
+        self.acquired_at = pool.clock()
         # (time, backend load area, group load area) at the first token; the latest token's time.
         self._first: tuple[float, float, float] | None = None
         self._last_at = 0.0
@@ -180,7 +186,7 @@ class Slot:
         self._expected = self._expect(self.backend)
 
     def mark_token(self, now: float) -> None:
-        """A chunk carrying generated tokens arrived at `now` (time.monotonic())."""
+        """A chunk carrying generated tokens arrived at `now` (on the pool's clock)."""
         if self._first is None:
             self._first = (now, *self._areas(now))
         self._last_at = now
@@ -212,13 +218,16 @@ class Slot:
 
 
 class Pool:
-    """All backends, their health and in-flight counts; `board` holds what the gateway's workers share."""
+    """All backends, their health and in-flight counts; `board` holds what the gateway's workers share;
+    `clock` times the load integrals and slots."""
 
-    def __init__(self, backends: list[Backend], board: Board | None = None) -> None:
+    def __init__(self, backends: list[Backend], board: Board | None = None, clock: Clock = time.monotonic) -> None:
         self.board: Board = board or LocalBoard()
+        self.clock = clock
         self._backends = {b.name: b for b in backends}
         for index, backend in enumerate(backends):
-            backend.board, backend.index = self.board, index
+            backend.board, backend.index, backend.clock = self.board, index, clock
+            backend._load_since = clock()  # nothing integrated yet: the integral starts on the pool's clock
         self._idle = asyncio.Event()
         self._idle.set()
         self._health_version = self._cards_version = self._loads_version = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -41,20 +42,60 @@ class RequestsPerLevel:
 
 
 @dataclass(frozen=True)
+class RateStep:
+    """An open-loop level whose rate steps from `low` up to `high` and back, each for `seconds` (requests/s)."""
+
+    low: float
+    high: float
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not (0 < self.low < math.inf and 0 < self.high < math.inf and 0 < self.seconds < math.inf):
+            raise ValueError(f"a rate step's rates and duration must be positive numbers, got {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> RateStep:
+        """Parse `LOW,HIGH,SECONDS`, e.g. `2,8,30`."""
+        parts = [x.strip() for x in text.split(",")]
+        try:
+            low, high, seconds = (float(x) for x in parts)
+        except ValueError:
+            raise ValueError(f"a rate step is LOW,HIGH,SECONDS (requests/s, requests/s, s), got {text!r}") from None
+        return cls(low, high, seconds)
+
+    @property
+    def phases(self) -> tuple[float, float, float]:
+        """The rates of its three phases, in order."""
+        return self.low, self.high, self.low
+
+    @property
+    def requests(self) -> int:
+        """Requests the schedule offers over its three phases."""
+        return round(sum(self.phases) * self.seconds)
+
+    def __str__(self) -> str:
+        return f"{self.low:g},{self.high:g},{self.seconds:g}"
+
+
+@dataclass(frozen=True)
 class Level:
-    """One load level: a closed-loop concurrency, an open-loop request rate, or a trace's time scale."""
+    """One load level: a closed-loop concurrency, an open-loop request rate or rate step, or a trace's time scale."""
 
     concurrency: int | None = None
     request_rate: float | None = None
     trace_time_scale: float | None = None  # a trace replayed on its own schedule, times multiplied by this
+    rate_step: RateStep | None = None
 
     @property
     def label(self) -> str:
-        """The level in a report or progress line: `C=8`, `4/s` or `trace x0.5`."""
+        """The level in a report or progress line: `C=8`, `4/s`, `step 2-8/s x30s` or `trace x0.5`."""
         if self.concurrency is not None:
             return f"C={self.concurrency}"
         if self.trace_time_scale is not None:
             return f"trace x{self.trace_time_scale:g}"
+        if self.rate_step is not None:
+            step = self.rate_step
+            return f"step {step.low:g}-{step.high:g}/s x{step.seconds:g}s"
         # An infinite rate reads back from results.json as None (JSON has no infinity).
         return "inf/s" if self.request_rate is None else f"{self.request_rate:g}/s"
 

@@ -38,7 +38,10 @@ class Workload:
     def plan(self, level: Level, index: int) -> Plan:
         """The plan of the level at position `index` of the sweep."""
         per_level = self.requests_per_level
-        requests = per_level.for_concurrency(level.concurrency) if level.concurrency is not None else per_level.count
+        if level.concurrency is not None:
+            requests = per_level.for_concurrency(level.concurrency)
+        else:
+            requests = level.rate_step.requests if level.rate_step is not None else per_level.count
         draw = Draw(level, index, self.seed, requests, self.input_len, self.output_len, self.lengths, self.burstiness)
         plan = self.dataset.plan(draw)
         if self.tier_mix is None:

@@ -38,10 +38,9 @@ def test_snapshot_reflects_availability_and_load() -> None:
     assert snap.total_inflight == 1 and snap.get("plain").inflight == 1
 
 
-def test_load_area_integrates_inflight_over_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_area_integrates_inflight_over_time() -> None:
     clock = [100.0]
-    monkeypatch.setattr("gateway.pool.backends.time.monotonic", lambda: clock[0])
-    pool = Pool([Backend("eagle", "http://e", True)])
+    pool = Pool([Backend("eagle", "http://e", True)], clock=lambda: clock[0])
     backend = pool["eagle"]
     assert backend.load_area(110.0) == 0.0
     held = [pool.acquire("eagle") for _ in range(3)]  # three in flight from t=100
@@ -107,10 +106,9 @@ def test_decode_window_is_the_mean_load_between_first_and_last_token() -> None:
     assert window == DecodeWindow(seconds=4.0, mean_inflight=2.0, mean_group_inflight=5.0)
 
 
-def test_decode_window_follows_load_changes_between_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_window_follows_load_changes_between_the_tokens() -> None:
     clock = [0.0]
-    monkeypatch.setattr("gateway.pool.backends.time.monotonic", lambda: clock[0])
-    pool = Pool([Backend("eagle", "http://e", True)])
+    pool = Pool([Backend("eagle", "http://e", True)], clock=lambda: clock[0])
     slot = pool.acquire("eagle")
     pool.acquire("eagle")  # two in flight from t=0
     slot.mark_token(10.0)

@@ -1,0 +1,93 @@
+"""specgate's policy is fed exactly what the gateway would feed it: the Completion built from a Slot over the same timeline."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import pytest
+
+from gateway.policies import Completion
+from gateway.pool.backends import Backend, Health, Pool
+from loadtest.envelope.fair import SUBJECT, Hardware
+from loadtest.records import RequestRecord
+from loadtest.sweep import Level, RequestsPerLevel, SweepSettings
+from vnode.clients import run_plan
+from vnode.envelope import QuietProgress, warm_up_plan
+from vnode.events import EventQueue
+from vnode.gateway_router import GatewayRouter
+from vnode.targets import same_hardware_targets
+
+
+def expected_completions(records: list[RequestRecord], backends: list[tuple[str, bool, str]]) -> list[Completion]:
+    """What gateway/proxy/exchange.py would learn from these streams: a fresh pool on the records' clock,
+    a slot per request from its send to its end, a token mark per chunk, the decode window at the end."""
+    clock = [0.0]
+    pool = Pool([Backend(n, "x", s, group=g, health=Health.READY) for n, s, g in backends], clock=lambda: clock[0])
+    events: list[tuple[float, int, int, Callable[[], None]]] = []
+    learned: list[Completion] = []
+
+    def stream(record: RequestRecord) -> None:
+        assert record.backend is not None and record.completion_tokens is not None
+        slot = pool.acquire(record.backend, record.expected_output)
+        for at in record.chunk_times:
+            heapq.heappush(events, (at, 0, len(events), lambda at=at: slot.mark_token(at)))
+
+        def end() -> None:
+            window = slot.decode_window()
+            tokens = record.completion_tokens or 0
+            if tokens >= 2 and window is not None:
+                learned.append(Completion(record.backend or "", tokens, record.chunk_times[0] - record.start,
+                                          window.seconds, window.mean_inflight, window.mean_group_inflight,
+                                          len(record.chunk_times)))
+            slot.release()
+
+        assert record.end is not None
+        heapq.heappush(events, (record.end, 0, len(events) + 10**9, end))  # after its own last chunk
+
+    for record in records:
+        heapq.heappush(events, (record.start, 1, len(events), lambda record=record: stream(record)))
+    while events:
+        clock[0], _, _, action = heapq.heappop(events)
+        action()
+    return learned
+
+
+def key(c: Completion) -> tuple[str, float, float]:
+    return c.backend, round(c.ttft, 9), round(c.decode_seconds, 9)
+
+
+def test_the_policy_learns_the_completions_a_slot_driven_gateway_would_build() -> None:
+    levels = tuple(Level(concurrency=c) for c in (1, 2, 4, 8))
+    settings = SweepSettings(levels=levels, requests_per_level=RequestsPerLevel(3, True, 8), input_len=64, output_len=32)
+    hardware = Hardware(2, 4, eagle_mem_fraction=0.4)
+    _, targets = same_hardware_targets("field-8gpu", None, hardware, settings, QuietProgress())
+    specgate = next(t for t in targets if t.name == SUBJECT)
+    node = specgate.node(EventQueue())
+    router = node.router
+    assert isinstance(router, GatewayRouter)
+    observed: list[Completion] = []
+    learn = router.policy.observe
+
+    def recording(completion: Completion) -> None:
+        observed.append(completion)
+        learn(completion)
+
+    router.policy.observe = recording  # type: ignore[method-assign]
+    records: list[RequestRecord] = []
+    warm = warm_up_plan(settings)
+    assert warm is not None
+    for plan in (warm, *settings.plans()):
+        records += run_plan(node, plan).records
+    assert all(r.ok for r in records) and {r.backend for r in records} >= {"g0-plain", "g1-plain"}
+    gateway = specgate.gateway
+    assert gateway is not None
+    expected = expected_completions(records, [(b.name, b.speculative, b.group) for b in gateway.backends])
+    assert len(observed) == len(expected) == len(records)
+    for mine, theirs in zip(sorted(observed, key=key), sorted(expected, key=key), strict=True):
+        assert mine.backend == theirs.backend and mine.output_tokens == theirs.output_tokens
+        assert mine.token_chunks == theirs.token_chunks
+        assert (mine.ttft, mine.decode_seconds, mine.mean_inflight, mine.mean_group_inflight) == pytest.approx(
+            (theirs.ttft, theirs.decode_seconds, theirs.mean_inflight, theirs.mean_group_inflight), rel=1e-9, abs=1e-12)
+    # Co-located groups: some responses decoded while their partner server had requests too.
+    assert any(c.mean_group_inflight > c.mean_inflight for c in observed)

@@ -1,0 +1,5 @@
+"""`python -m vnode`."""
+
+from vnode.cli import main
+
+main()

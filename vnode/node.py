@@ -1,0 +1,132 @@
+"""One target's node in virtual time: its servers on their GPUs, its router, and the records of what clients saw.
+
+`submit` is one request sent by a client at `now`: `hop` later (the network and HTTP path between the
+client and the servers, each way; 0 for an ideal node) the router places it (or refuses it), its
+server checks it as the simulator does (SGLang's 400s for a prompt and output beyond the context or
+the KV capacity) and queues it, and every step that gives it tokens is one chunk to the router at
+the step's end and to the client `hop` after. At its end the client's `RequestRecord` is what the
+load tool would have recorded over HTTP, on the model's clock: send time, one chunk per step (time
+and text), usage (prompt, completion and cached tokens), the backend header where the target is
+specgate; the client hears of it in the `ARRIVAL` phase of its last chunk's time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from backends.sim.request import RequestError, SimRequest, check_context
+from backends.sim.tokenizer import PseudoText
+from loadtest.records import RequestRecord, RequestSpec
+from vnode.events import ARRIVAL, EventQueue
+from vnode.gpu import Server
+from vnode.requests import Request
+from vnode.router import Refused, Router
+
+OnDone = Callable[[RequestRecord], None]
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    request: Request
+    sim: SimRequest
+    server: int
+    sent: float
+    on_done: OnDone
+    tier: str | None
+    times: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    produced: int = 0
+
+
+class Node:
+    """A target's servers and router on one virtual clock; see the module docstring.
+
+    `backend_names[i]` is what the response header names for server i (None: no header, as a
+    simulator called directly or through the balancer sends none); `hop` in seconds, each way.
+    """
+
+    def __init__(
+        self,
+        events: EventQueue,
+        router: Router,
+        text: PseudoText,
+        context_length: int,
+        backend_names: Sequence[str | None],
+        hop: float = 0.0,
+    ) -> None:
+        self.events = events
+        self.router = router
+        self.text = text
+        self.context_length = context_length
+        self.backend_names = tuple(backend_names)
+        self.hop = hop
+        self.servers: list[Server] = []
+        self._flights: dict[str, _Flight] = {}
+        self._rids = itertools.count()
+
+    def add_server(self, server: Server) -> None:
+        """The next server, in the order the router's indices count them."""
+        self.servers.append(server)
+
+    def submit(self, spec: RequestSpec, on_done: OnDone) -> None:
+        """Send `spec` now; `on_done` gets its record once the response has ended."""
+        if self.hop > 0.0:
+            self.events.at(self.events.now + self.hop, ARRIVAL, self._arrive, spec, on_done, self.events.now)
+        else:
+            self._arrive(spec, on_done, self.events.now)
+
+    def _arrive(self, spec: RequestSpec, on_done: OnDone, sent: float) -> None:
+        now = self.events.now
+        request = Request.of(f"vnode-{next(self._rids)}", spec)
+        try:
+            index = self.router.route(request, now)
+        except Refused as refused:
+            self._refuse(spec, sent, refused.status, str(refused), on_done)
+            return
+        server = self.servers[index]
+        try:
+            check_context(request.prompt_tokens, request.max_tokens, self.context_length)
+            server.core.check_fits(request.prompt_tokens, request.max_tokens)
+        except RequestError as exc:
+            self.router.finish(request, now, None)
+            self._refuse(spec, sent, 400, str(exc), on_done)
+            return
+        sim = SimRequest(
+            rid=request.rid, prompt_ids=request.prompt_ids, max_new_tokens=request.max_tokens, is_streaming=True,
+            text_start=self.text.start_for(request.prompt_key), created=0.0,
+        )
+        self._flights[request.rid] = _Flight(request, sim, index, sent, on_done, spec.tier)
+        server.submit(sim)
+
+    def deliver(self, changed: list[SimRequest], now: float) -> None:
+        """A step ended at `now`: each request it changed gets one chunk; ended ones are recorded."""
+        flights, router = self._flights, self.router
+        for sim in changed:
+            flight = flights[sim.rid]
+            gained = sim.produced - flight.produced
+            flight.produced = sim.produced
+            flight.times.append(now)
+            flight.counts.append(gained)
+            router.chunk(flight.request, now, gained)
+            if sim.done:
+                del flights[sim.rid]
+                router.finish(flight.request, now, sim.produced)
+                self.events.at(now + self.hop, ARRIVAL, flight.on_done, self._record(flight))
+
+    def _record(self, flight: _Flight) -> RequestRecord:
+        sim, hop = flight.sim, self.hop
+        texts = self.text.pieces(sim.text_start, flight.counts)
+        times = [t + hop for t in flight.times] if hop else flight.times  # when the client reads each chunk
+        return RequestRecord(
+            start=flight.sent, expected_output=flight.request.max_tokens, headers_at=times[0], end=times[-1],
+            status=200, chunk_times=times, chunk_texts=texts, prompt_tokens=sim.prompt_tokens,
+            completion_tokens=sim.produced, backend=self.backend_names[flight.server], cached_tokens=sim.cached_tokens,
+            tier=flight.tier,
+        )
+
+    def _refuse(self, spec: RequestSpec, sent: float, status: int, detail: str, on_done: OnDone) -> None:
+        record = RequestRecord(start=sent, expected_output=spec.output_len, status=status, error_kind=f"http_{status}",
+                               error_detail=detail[:300], tier=spec.tier)
+        self.events.at(self.events.now + self.hop, ARRIVAL, on_done, record)

@@ -1,0 +1,63 @@
+"""Where a request goes: the `Router` protocol, its refusal, and the least-in-flight balancer of the baselines.
+
+A router is told of a request when it arrives (`route`: the index of the server it goes to, or
+`Refused`), of every chunk of tokens streamed back to it (`chunk`: a step that yields k tokens to
+a request is one chunk, as SGLang streams it; the first chunk carries the first token), and of its
+end (`finish`: its output tokens, None when the server refused it). It gets the whole request, so a
+router may route on its prompt (a cache-aware router keys on `Request.prompt_ids`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from loadtest.envelope.balancer import LeastInFlight
+from vnode.requests import Request
+
+
+class Refused(Exception):
+    """The request gets an HTTP error instead of a stream: its status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Router(Protocol):
+    """Routes a target's requests to its servers and observes what they stream back."""
+
+    def route(self, request: Request, now: float) -> int:
+        """The index of the server `request` goes to (raises `Refused`)."""
+        ...
+
+    def chunk(self, request: Request, now: float, tokens: int) -> None:
+        """A chunk of `tokens` tokens of `request` reached the client at `now`."""
+        ...
+
+    def finish(self, request: Request, now: float, output_tokens: int | None) -> None:
+        """`request` ended at `now` with `output_tokens` (None: its server refused it)."""
+        ...
+
+
+class LeastInFlightRouter:
+    """The data-parallel baselines' balancer: `loadtest.envelope.balancer.LeastInFlight` itself.
+
+    A request counts from its choice until its response ends (ties rotate), as the real balancer
+    counts it. With one server it is that server called directly.
+    """
+
+    def __init__(self, servers: Sequence[str]) -> None:
+        self.balancer = LeastInFlight(servers)
+        self._held: dict[str, int] = {}
+
+    def route(self, request: Request, now: float) -> int:
+        index = self.balancer.acquire()
+        self._held[request.rid] = index
+        return index
+
+    def chunk(self, request: Request, now: float, tokens: int) -> None:
+        pass
+
+    def finish(self, request: Request, now: float, output_tokens: int | None) -> None:
+        self.balancer.release(self._held.pop(request.rid))

@@ -1,0 +1,118 @@
+"""The four ways of running the same K x G GPUs, built from the very configuration the real-time envelope starts.
+
+`plain-dp`, `eagle-dp` and `adaptive-dp` are K simulated servers of one role, each on its own GPUs,
+behind the least-in-flight balancer; `specgate` is K co-located EAGLE + plain groups routed by the
+gateway's policy. Each target's servers come from the simulator argv the real-time envelope
+(`loadtest.envelope.fair.FairEnvelope`) would run: the baselines' from `FairEnvelope.sim_argv`,
+specgate's from the launch plan of its generated config (`build_plan`: groups, memory split, the
+EAGLE servers' running cap), read back by the simulator's own option parser and laid out by its
+own `plan_layout`, each server's engine core built by `backends.sim.layout.engine_core`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from backends.plan import build_plan
+from backends.sim.cli import read_settings
+from backends.sim.layout import engine_core, plan_layout
+from backends.sim.profiles import Profile, load_profile
+from backends.sim.settings import SimSettings
+from backends.sim.tokenizer import PseudoText
+from gateway.config import PolicyConfig, Settings
+from gateway.policies.factory import make_policy
+from loadtest.envelope.fair import BASELINE_ROLES, SUBJECT, FairEnvelope, Hardware
+from loadtest.envelope.harness import StackSettings
+from loadtest.sweep import Progress, SweepSettings
+from vnode.draws import RequestDraws
+from vnode.events import EventQueue
+from vnode.gateway_router import BackendSpec, GatewayRouter
+from vnode.gpu import Gpu, Server
+from vnode.node import Node
+from vnode.router import LeastInFlightRouter, Router
+
+_SIM_MODULE_ARGS = 3  # `python -m backends.sim` before a simulator's own options
+Draws = Literal["server", "request"]
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """What specgate routes with: its backends in the pool's order, its policy and admission limits."""
+
+    backends: tuple[BackendSpec, ...]
+    policy: PolicyConfig
+    inflight_limit: int
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One target: its name, the simulator settings its servers run with, and specgate's gateway (None: a balancer)."""
+
+    name: str
+    sim: SimSettings
+    gateway: Gateway | None = None
+
+    def node(self, events: EventQueue, router: Router | None = None, draws: Draws = "server", hop: float = 0.0) -> Node:
+        """A fresh node of this target on `events`' clock: idle servers, empty caches, a policy that knows nothing.
+
+        `router` replaces the target's own (the balancer, or specgate's gateway); `draws`: "server", the
+        simulator's own acceptance draws, or "request", each request's own (`vnode.draws`); `hop`: seconds
+        between the clients and the servers, each way (`vnode.node`).
+        """
+        profile = _profile(self.sim)
+        slots = plan_layout(self.sim, profile)
+        text = PseudoText(self.sim.seed)
+        names = [b.name for b in self.gateway.backends] if self.gateway else [f"{self.name}-{i}" for i in range(len(slots))]
+        router = router or self._router(names, lambda: events.now)
+        node = Node(events, router, text, profile.context_length, names if self.gateway else [None] * len(names), hop)
+        gpus: dict[int, Gpu] = {}
+        for index, (slot, name) in enumerate(zip(slots, names, strict=True)):
+            gpu = gpus.setdefault(slot.group, Gpu(events))
+            core = engine_core(self.sim, profile, slot, index, text)
+            if draws == "request":
+                core.steps = RequestDraws(core.table, self.sim.seed)
+            node.add_server(Server(name, core, gpu, node.deliver))
+        return node
+
+    def _router(self, names: list[str], clock: Callable[[], float]) -> Router:
+        gateway = self.gateway
+        if gateway is None:
+            return LeastInFlightRouter(names)
+        return GatewayRouter(make_policy(gateway.policy), gateway.backends, clock, inflight_limit=gateway.inflight_limit,
+                             flex_share=gateway.policy.tier_flex_inflight_share)
+
+
+def _profile(sim: SimSettings) -> Profile:
+    return load_profile(sim.profile, sim.profile_file)
+
+
+def same_hardware_targets(
+    profile: str | None,
+    profile_file: Path | None,
+    hardware: Hardware,
+    settings: SweepSettings,
+    progress: Progress,
+    policy: str = "adaptive",
+    policy_params: dict[str, Any] | None = None,
+) -> tuple[FairEnvelope, list[TargetSpec]]:
+    """The real-time envelope's harness for these settings (unstarted: its config, comparison, words) and the
+    model's targets, baselines first, as it runs them."""
+    stack = StackSettings(profile, profile_file, "colocated" if hardware.groups == 1 else "groups", policy,
+                          dict(policy_params or {}), time_scale=1.0, seed=settings.seed)
+    fair = FairEnvelope(stack, hardware, settings, Path("."), progress)
+    targets = [TargetSpec(name, _read(fair.sim_argv(name))) for name in BASELINE_ROLES]
+    gateway_settings = Settings.model_validate(fair.config)
+    policy_config = gateway_settings.resolved_policy
+    plan = build_plan(gateway_settings.launch, eagle_cap=policy_config.eagle_cap, free_port=lambda: 0)
+    (process,) = plan.processes  # the simulator serves every co-located group from one process
+    backends = tuple(BackendSpec(ep.backend, ep.speculative, ep.group) for ep in process.endpoints)
+    gateway = Gateway(backends, policy_config, gateway_settings.limits.max_inflight)
+    targets.append(TargetSpec(SUBJECT, _read(process.argv), gateway))
+    return fair, targets
+
+
+def _read(argv: tuple[str, ...]) -> SimSettings:
+    return read_settings(argv[_SIM_MODULE_ARGS:])
