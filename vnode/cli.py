@@ -13,7 +13,8 @@ from rich.console import Console
 
 from loadtest.envelope.cli import DEFAULT_LEVELS, DEFAULT_MAX_TPOT_RATIO, DEFAULT_MIN_THROUGHPUT_RATIO, parse_param
 from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
-from loadtest.envelope.fair import BASELINE_ROLES, SUBJECT, Hardware
+from loadtest.envelope.baselines import MODES
+from loadtest.envelope.fair import SUBJECT, Hardware
 from loadtest.envelope.timescale import profile_for
 from loadtest.options import bad_parameter
 from loadtest.progress import progress_for
@@ -27,7 +28,7 @@ from vnode.family_report import cells_json, failures_text, family_table
 from vnode.family_sweep import WORKLOADS, Scale, run_family
 
 PROGRAM = "python -m vnode"
-TARGETS = (*BASELINE_ROLES, SUBJECT)
+TARGETS = (*MODES, SUBJECT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

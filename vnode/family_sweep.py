@@ -40,6 +40,7 @@ CLOSED_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LOADS = (0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
 STEP_LOADS = (0.25, 0.90)
 GAMMA_BURSTINESS = 0.5
+WARMUP = 2  # the envelope command's default warm-up before the first level
 CLOSED_BOUNDS = (Bound("throughput_ratio", ">=", 0.97), Bound("tpot_ratio", "<=", 1.03), Bound(FAILED, "<=", 0.0))
 OPEN_BOUNDS = (Bound("e2e_p50_ratio", "<=", 1.05), Bound("e2e_p99_ratio", "<=", 1.10), Bound(FAILED, "<=", 0.0))
 
@@ -51,7 +52,7 @@ class Scale:
 
     input_len: int = 128
     output_len: int = 64
-    closed_per_slot: int = 2
+    closed_per_slot: int = 4
     closed_min: int = 16
     open_requests: int = 200
     step_requests: int = 400
@@ -85,7 +86,7 @@ def _closed(lengths: LengthDist) -> Callable[[Profile, int, Scale, int], SweepSe
         levels = tuple(Level(concurrency=c) for c in CLOSED_LEVELS)
         return SweepSettings(levels=levels, requests_per_level=RequestsPerLevel(scale.closed_per_slot, True, scale.closed_min),
                              input_len=scale.input_len, output_len=scale.output_len, lengths=lengths,
-                             range_ratio=lengths.range_ratio, seed=seed)
+                             range_ratio=lengths.range_ratio, seed=seed, warmup=WARMUP)
     return settings
 
 
@@ -94,7 +95,8 @@ def _open(burstiness: float) -> Callable[[Profile, int, Scale, int], SweepSettin
         capacity = plain_capacity(profile, groups, LengthDist(), scale)
         levels = tuple(Level(request_rate=_rate(load * capacity)) for load in LOADS)
         return SweepSettings(levels=levels, requests_per_level=RequestsPerLevel(scale.open_requests),
-                             input_len=scale.input_len, output_len=scale.output_len, burstiness=burstiness, seed=seed)
+                             input_len=scale.input_len, output_len=scale.output_len, burstiness=burstiness, seed=seed,
+                             warmup=WARMUP)
     return settings
 
 
@@ -103,7 +105,7 @@ def _step(profile: Profile, groups: int, scale: Scale, seed: int) -> SweepSettin
     low, high = (_rate(load * capacity) for load in STEP_LOADS)
     step = RateStep(low, high, _rate(scale.step_requests / (2 * low + high)))
     return SweepSettings(levels=(Level(rate_step=step),), requests_per_level=RequestsPerLevel(step.requests),
-                         input_len=scale.input_len, output_len=scale.output_len, seed=seed)
+                         input_len=scale.input_len, output_len=scale.output_len, seed=seed, warmup=WARMUP)
 
 
 def _rate(value: float) -> float:

@@ -64,8 +64,9 @@ class GatewayRouter:
         self._index = {b.name: i for i, b in enumerate(backends)}
         self._flights: dict[str, _Flight] = {}
 
-    def route(self, request: Request, now: float) -> int:
+    def route(self, request: Request, now: float, pending: int = 0) -> int:
         pool = self.pool
+        pool.pending = pending
         inflight = pool.total_inflight
         try:
             if inflight >= self.inflight_limit:

@@ -13,6 +13,7 @@ specgate; the client hears of it in the `ARRIVAL` phase of its last chunk's time
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ class Node:
         self.servers: list[Server] = []
         self._flights: dict[str, _Flight] = {}
         self._rids = itertools.count()
+        self._arriving: Counter[float] = Counter()  # requests arriving at an instant, not yet routed
 
     def add_server(self, server: Server) -> None:
         """The next server, in the order the router's indices count them."""
@@ -72,16 +74,17 @@ class Node:
 
     def submit(self, spec: RequestSpec, on_done: OnDone) -> None:
         """Send `spec` now; `on_done` gets its record once the response has ended."""
-        if self.hop > 0.0:
-            self.events.at(self.events.now + self.hop, ARRIVAL, self._arrive, spec, on_done, self.events.now)
-        else:
-            self._arrive(spec, on_done, self.events.now)
+        when = self.events.now + self.hop
+        self._arriving[when] += 1
+        self.events.at(when, ARRIVAL, self._arrive, spec, on_done, self.events.now)
 
     def _arrive(self, spec: RequestSpec, on_done: OnDone, sent: float) -> None:
         now = self.events.now
         request = Request.of(f"vnode-{next(self._rids)}", spec)
+        self._arriving[now] -= 1
+        pending = self._arriving[now] if self._arriving[now] else self._arriving.pop(now)
         try:
-            index = self.router.route(request, now)
+            index = self.router.route(request, now, pending)
         except Refused as refused:
             self._refuse(spec, sent, refused.status, str(refused), on_done)
             return

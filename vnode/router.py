@@ -27,8 +27,9 @@ class Refused(Exception):
 class Router(Protocol):
     """Routes a target's requests to its servers and observes what they stream back."""
 
-    def route(self, request: Request, now: float) -> int:
-        """The index of the server `request` goes to (raises `Refused`)."""
+    def route(self, request: Request, now: float, pending: int = 0) -> int:
+        """The index of the server `request` goes to (raises `Refused`); `pending` more requests arrived at
+        the same instant and wait their turn (a gateway sees a burst before it routes its first)."""
         ...
 
     def chunk(self, request: Request, now: float, tokens: int) -> None:
@@ -51,7 +52,7 @@ class LeastInFlightRouter:
         self.balancer = LeastInFlight(servers)
         self._held: dict[str, int] = {}
 
-    def route(self, request: Request, now: float) -> int:
+    def route(self, request: Request, now: float, pending: int = 0) -> int:
         index = self.balancer.acquire()
         self._held[request.rid] = index
         return index

@@ -24,7 +24,7 @@ from backends.sim.settings import SimSettings
 from backends.sim.tokenizer import PseudoText
 from gateway.config import PolicyConfig, Settings
 from gateway.policies.factory import make_policy
-from loadtest.envelope.fair import BASELINE_ROLES, SUBJECT, FairEnvelope, Hardware
+from loadtest.envelope.fair import SUBJECT, FairEnvelope, Hardware
 from loadtest.envelope.harness import StackSettings
 from loadtest.sweep import Progress, SweepSettings
 from vnode.draws import RequestDraws
@@ -103,7 +103,7 @@ def same_hardware_targets(
     stack = StackSettings(profile, profile_file, "colocated" if hardware.groups == 1 else "groups", policy,
                           dict(policy_params or {}), time_scale=1.0, seed=settings.seed)
     fair = FairEnvelope(stack, hardware, settings, Path("."), progress)
-    targets = [TargetSpec(name, _read(fair.sim_argv(name))) for name in BASELINE_ROLES]
+    targets = [TargetSpec(name, _read(fair.sim_argv(name))) for name in fair.baselines]
     gateway_settings = Settings.model_validate(fair.config)
     policy_config = gateway_settings.resolved_policy
     plan = build_plan(gateway_settings.launch, eagle_cap=policy_config.eagle_cap, free_port=lambda: 0)

@@ -223,6 +223,7 @@ class Pool:
 
     def __init__(self, backends: list[Backend], board: Board | None = None, clock: Clock = time.monotonic) -> None:
         self.board: Board = board or LocalBoard()
+        self.pending = 0  # requests arrived and not yet routed (a burst seen before its first is placed)
         self.clock = clock
         self._backends = {b.name: b for b in backends}
         for index, backend in enumerate(backends):
@@ -306,7 +307,7 @@ class Pool:
     def snapshot(self) -> PoolSnapshot:
         """The current state as plain data for a policy."""
         self.sync()
-        return PoolSnapshot(tuple(b._view() for b in self._backends.values()))
+        return PoolSnapshot(tuple(b._view() for b in self._backends.values()), self.clock(), self.pending)
 
     def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
         """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per

@@ -29,6 +29,8 @@ class PoolSnapshot:
     """An immutable picture of the pool at one instant; policies are functions of it."""
 
     backends: tuple[BackendView, ...]
+    at: float = 0.0  # the pool's clock when it was taken
+    pending: int = 0  # requests that have arrived and wait for their routing decision
 
     @property
     def total_inflight(self) -> int:

@@ -46,7 +46,7 @@ class Fixed:
     def __init__(self, order: list[int]) -> None:
         self.order = iter(order)
 
-    def route(self, request: Request, now: float) -> int:
+    def route(self, request: Request, now: float, pending: int = 0) -> int:
         return next(self.order)
 
     def chunk(self, request: Request, now: float, tokens: int) -> None:
