@@ -14,6 +14,7 @@ from gateway.api.redact import redact_server_info
 from gateway.errors import OpenAIError
 from gateway.pool.backends import Pool
 from gateway.pool.node_load import SECTIONS, loads_prometheus, node_loads
+from gateway.runtime import Runtime
 
 router = APIRouter()
 
@@ -81,7 +82,7 @@ async def admin_status(request: Request) -> dict[str, Any]:
         },
         "draining": rt.draining,
         "inflight": rt.pool.total_inflight,
-        "limits": {**rt.budget.describe(rt.settings.limits.max_inflight), "client_connections": len(rt.client_connections)},
+        "limits": _limits(rt),
         "groups": _groups(rt.pool),
         "backends": [
             {
@@ -97,6 +98,18 @@ async def admin_status(request: Request) -> dict[str, Any]:
             }
             for b in rt.pool
         ],
+    }
+
+
+def _limits(rt: Runtime) -> dict[str, Any]:
+    """The descriptor budget, the open client connections and what each client may hold."""
+    limits = rt.settings.limits
+    return {
+        **rt.budget.describe(limits.max_inflight),
+        "client_connections": len(rt.client_connections),
+        "client_header_timeout_seconds": limits.client_header_timeout_seconds,
+        "client_body_timeout_seconds": limits.client_body_timeout_seconds,
+        "max_connections_per_client": limits.max_connections_per_client,
     }
 
 
