@@ -41,9 +41,10 @@ def eventually(condition: Callable[[], Any], within: float, what: str) -> Any:
 
 
 class Rig:
-    """Two sims and a gateway in front of them."""
+    """Two sims and a gateway in front of them (one worker unless `sections` has a `server` table)."""
 
     def __init__(self, sims: SimFactory, tmp_path: Path, **sections: str) -> None:
+        sections.setdefault("server", "workers = 1")
         self.eagle = sims.start("--role", "eagle", *SIM_ARGS)
         self.plain = sims.start("--role", "plain", *SIM_ARGS)
         toml = "\n".join(f"[{name}]\n{body}" for name, body in sections.items())
@@ -79,7 +80,7 @@ class Rig:
 
 @pytest.fixture
 def rig(sims: SimFactory, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(sims, tmp_path, server="workers = 1", health="ready_interval = 0.2", timeouts="first_byte = 2.0\nidle = 2.0")
+    r = Rig(sims, tmp_path, health="ready_interval = 0.2", timeouts="first_byte = 2.0\nidle = 2.0")
     try:
         yield r
     finally:
