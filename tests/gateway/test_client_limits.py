@@ -28,9 +28,11 @@ class BodyApp:
 
     def __init__(self) -> None:
         self.ended: list[str] = []
-        self.release = asyncio.Event()  # a request to /slow is answered once this is set
+        self.release = asyncio.Event()  # a request to /slow is answered, one to /late read, once this is set
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/late":  # reads nothing until released: the server's own wait
+            await self.release.wait()
         size = 0
         while True:
             message = await receive()
@@ -179,6 +181,33 @@ async def test_a_head_waiting_behind_a_running_response_is_not_timed_out() -> No
         assert (await read_to_close(reader)).startswith(b"HTTP/1.1 200 ")
         writer.close()
     assert timed_out == []
+
+
+async def test_a_body_the_server_is_not_reading_yet_is_not_timed_out() -> None:
+    app = BodyApp()
+    body = b"x" * 300_000  # more than uvicorn buffers before it stops reading
+    async with limited(app, body_timeout=0.2) as (port, timed_out):
+        reader, writer = await connect(port)
+        writer.write(b"POST /late HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        await asyncio.sleep(1.0)  # five body timeouts while the app reads nothing
+        app.release.set()
+        response = await read_to_close(reader)
+        writer.close()
+    assert response.startswith(b"HTTP/1.1 200 ") and response.endswith(b"\r\n\r\n300000")
+    assert timed_out == []
+
+
+async def test_a_head_that_stalls_right_after_a_pipelined_request_is_timed_out() -> None:
+    # The stalled head begins in the same read as the request before it (uvicorn's keep-alive timer,
+    # 5 s, would close it without a word).
+    async with limited(ok_app) as (port, timed_out):
+        reader, writer = await connect(port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\n")
+        response = await read_to_close(reader, within=10)
+        writer.close()
+    first, second = response.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200 ") and second.startswith(b"408 ")
+    assert timed_out == ["head"]
 
 
 async def test_a_body_sent_after_an_early_answer_does_not_hold_the_connection_open() -> None:
