@@ -21,7 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.edge.body_writer import client_gone, offer
 from gateway.edge.client_cap import ClientCap, Release
-from gateway.edge.read_deadline import Phase, ReadDeadline
+from gateway.edge.read_deadline import BODY, HEAD, IDLE, Phase, ReadDeadline
 from gateway.errors import OpenAIError
 
 
@@ -58,6 +58,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_over = False
         self._target_seen = False  # the current head's request target began: a 408 can be understood
         self._deadline: ReadDeadline | None = None  # None: refused at accept, unknown to uvicorn
+        self._read_at = 0.0  # the loop's time of the read being parsed
         self._release_client: Release | None = None
 
     def connection_made(self, transport: Any) -> None:  # an asyncio.Transport
@@ -75,11 +76,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         deadline = self._deadline
         assert deadline is not None, "a refused connection is closed before it reads"
+        self._read_at = now = self.loop.time()
         phase = deadline.phase
-        if phase is Phase.BODY:
-            deadline.body()
-        elif phase is not Phase.HEAD:  # the first byte of a head (even a stray line break)
-            deadline.head()
+        if phase is BODY:
+            deadline.body(now)
+        elif phase is not HEAD:  # the first byte of a head (even a stray line break)
+            deadline.head(now)
         if self._reading_head:
             self._head_fed += len(data)
         super().data_received(data)
@@ -92,8 +94,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_parsed = 0
         deadline = self._deadline
-        if deadline is not None and deadline.phase is Phase.IDLE:  # a pipelined request after a complete one
-            deadline.head()
+        if deadline is not None and deadline.phase is IDLE:  # a pipelined request after a complete one
+            deadline.head(self._read_at)
 
     def on_url(self, url: bytes) -> None:
         self._target_seen = True
@@ -110,7 +112,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         assert self._deadline is not None
         if self.cycle is not None and self.cycle.scope is self.scope:  # else: an upgrade, no HTTP cycle
             offer(self.scope, self.cycle)  # also when the request waits behind a pipelined one
-            self._deadline.body()
+            self._deadline.body(self._read_at)
         else:
             self._deadline.idle()
 
@@ -130,8 +132,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         deadline = self._deadline
-        if deadline is not None and deadline.phase is Phase.HEAD:  # a head that waited behind this response
-            deadline.head()
+        if deadline is not None and deadline.phase is HEAD:  # a head that waited behind this response
+            deadline.head(self.loop.time())
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is None:  # refused at accept: uvicorn never saw it
@@ -151,8 +153,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         False (keep waiting) when the wait is the server's: a head behind a response still running,
         a body the server stopped reading (its buffer is full, or the request waits behind another).
         """
+        if self.transport.is_closing():  # closed already (a 431, a 400): connection_lost is on its way
+            return True
         cycle = self.cycle
-        if phase is Phase.BODY:
+        if phase is BODY:
             if self.flow.read_paused:
                 return False
             tell = cycle is not None and not cycle.response_started

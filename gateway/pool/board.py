@@ -8,8 +8,8 @@ connections are counted against `limits.max_connections_per_client`; one routing
 at a time (`routing`). With one process all of that is its own (`LocalBoard`: nothing to publish).
 With `[server] workers` > 1 it lives in one block of shared memory (`LoadBoard`): each worker writes
 only its own row and readers sum the rows; the three locks (routing; the ring and the published
-blobs; the client table) are flocks the kernel releases when their holder dies. Values are float64 (counts exact below 2**53),
-one aligned 8-byte store per cell, so a reader never sees half of one.
+blobs; the client table) are flocks the kernel releases when their holder dies. Values are float64
+(counts exact below 2**53), one aligned 8-byte store per cell, so a reader never sees half of one.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ import weakref
 from collections.abc import Callable
 from typing import cast
 
-from gateway.edge.read_deadline import Phase, ReadDeadline
+from gateway.edge.read_deadline import BODY, FRESH, HEAD, IDLE, Phase, ReadDeadline
 
-HEAD, BODY = 10.0, 4.0
+HEAD_S, BODY_S = 10.0, 4.0  # the timeouts
 
 
 class Timer:
@@ -65,51 +65,51 @@ def deadline(clock: Clock, answer: bool = True) -> tuple[ReadDeadline, list[tupl
         expired.append((clock.now, phase))
         return answer
 
-    return ReadDeadline(cast(asyncio.AbstractEventLoop, clock), HEAD, BODY, on_expired), expired
+    return ReadDeadline(cast(asyncio.AbstractEventLoop, clock), HEAD_S, BODY_S, on_expired), expired
 
 
 def test_a_connection_that_sends_nothing_expires_a_head_timeout_after_its_accept() -> None:
     clock = Clock()
     d, expired = deadline(clock)
-    clock.advance(HEAD - 0.01)
+    clock.advance(HEAD_S - 0.01)
     assert expired == []
     clock.advance(0.02)
-    assert expired == [(HEAD, Phase.FRESH)]
+    assert expired == [(HEAD_S, FRESH)]
 
 
 def test_a_head_counts_from_its_first_byte_and_reads_do_not_extend_it() -> None:
     clock = Clock()
     d, expired = deadline(clock)
     clock.advance(3.0)
-    d.head()  # the first byte; the protocol leaves the deadline alone on each read after it
+    d.head(clock.now)  # the first byte; the protocol leaves the deadline alone on each read after it
     clock.advance(9.0)  # a byte a second, as slowloris sends
     assert expired == []
     clock.advance(1.5)
-    assert expired == [(3.0 + HEAD, Phase.HEAD)]
+    assert expired == [(3.0 + HEAD_S, HEAD)]
 
 
 def test_a_body_may_take_any_time_while_no_gap_between_reads_passes_its_timeout() -> None:
     clock = Clock()
     d, expired = deadline(clock)
-    d.head()
-    d.body()  # the head is complete
+    d.head(clock.now)
+    d.body(clock.now)  # the head is complete
     for _ in range(1000):
-        clock.advance(BODY * 0.9)
-        d.body()
+        clock.advance(BODY_S * 0.9)
+        d.body(clock.now)
     assert expired == []
-    clock.advance(BODY + 0.01)
-    assert expired == [(clock.now - 0.01, Phase.BODY)]
+    clock.advance(BODY_S + 0.01)
+    assert expired == [(clock.now - 0.01, BODY)]
 
 
 def test_reads_only_move_the_deadline_one_timer_fires_per_timeout_at_most() -> None:
     clock = Clock()
     d, expired = deadline(clock)
-    d.head()
-    d.body()
+    d.head(clock.now)
+    d.body(clock.now)
     before = clock.armed
     for _ in range(10_000):  # reads in quick succession: no timer each
         clock.advance(0.0001)
-        d.body()
+        d.body(clock.now)
     assert clock.armed == before
     assert len(clock.pending) == 1
 
@@ -119,19 +119,19 @@ def test_a_kept_alive_connection_arms_no_timer_per_request() -> None:
     d, expired = deadline(clock)
     for _ in range(10_000):  # a request every millisecond on one connection: head, body, then idle
         clock.advance(0.001)
-        d.head()
-        d.body()
+        d.head(clock.now)
+        d.body(clock.now)
         d.idle()
     # About 10,000 requests in 10 s: a timer (or two: a body's deadline is earlier than a head's) per 4 s.
-    assert clock.armed <= 2 * (1 + clock.now / min(HEAD, BODY))
+    assert clock.armed <= 2 * (1 + clock.now / min(HEAD_S, BODY_S))
     assert expired == []
 
 
 def test_an_idle_connection_is_not_ended_by_its_clock() -> None:
     clock = Clock()
     d, expired = deadline(clock)
-    d.head()
-    d.body()
+    d.head(clock.now)
+    d.body(clock.now)
     d.idle()  # the request is read: the response, then uvicorn's keep-alive timer, govern
     clock.advance(1000.0)
     assert expired == [] and clock.pending == []
@@ -140,25 +140,25 @@ def test_an_idle_connection_is_not_ended_by_its_clock() -> None:
 def test_a_wait_that_is_the_servers_restarts_the_full_timeout() -> None:
     clock = Clock()
     d, expired = deadline(clock, answer=False)
-    d.head()
-    d.body()
-    clock.advance(BODY + 0.5)
-    assert expired == [(BODY, Phase.BODY)]
-    clock.advance(BODY)
-    assert expired == [(BODY, Phase.BODY), (2 * BODY, Phase.BODY)]
+    d.head(clock.now)
+    d.body(clock.now)
+    clock.advance(BODY_S + 0.5)
+    assert expired == [(BODY_S, BODY)]
+    clock.advance(BODY_S)
+    assert expired == [(BODY_S, BODY), (2 * BODY_S, BODY)]
 
 
 def test_a_shorter_timeout_after_a_longer_one_is_kept_on_time() -> None:
     clock = Clock()
     d, expired = deadline(clock)
-    d.head()
-    d.body()
+    d.head(clock.now)
+    d.body(clock.now)
     d.idle()
     clock.advance(1.0)
-    d.head()  # HEAD = 10 after BODY = 4 is later; then a body (4 s) after a head armed for 10 s is earlier
-    d.body()
-    clock.advance(BODY + 0.01)
-    assert expired == [(1.0 + BODY, Phase.BODY)]
+    d.head(clock.now)  # a head (10 s) after a body (4 s) is later; then a body after a head armed for 10 s is earlier
+    d.body(clock.now)
+    clock.advance(BODY_S + 0.01)
+    assert expired == [(1.0 + BODY_S, BODY)]
 
 
 class Connection:
@@ -170,10 +170,10 @@ def test_close_cancels_the_timer_and_lets_go_of_the_connection() -> None:
     clock = Clock()
     conn = Connection()
     alive = weakref.ref(conn)
-    d = ReadDeadline(cast(asyncio.AbstractEventLoop, clock), HEAD, BODY, conn.expired)
-    d.head()
+    d = ReadDeadline(cast(asyncio.AbstractEventLoop, clock), HEAD_S, BODY_S, conn.expired)
+    d.head(clock.now)
     d.close()
     assert clock.pending == []
-    clock.advance(HEAD * 2)
+    clock.advance(HEAD_S * 2)
     del conn
     assert alive() is None  # freed by reference counting: the deadline no longer refers to it
