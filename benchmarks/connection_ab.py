@@ -12,6 +12,10 @@ upstream: benchmarks/sse_source.py --lockstep --instant) round by round, with th
 - per chunk: 256 concurrent streams of 64 chunks (gateway_overhead's stream load).
 
 The load comes from this process (uvloop, raw sockets: no wrk on the machine this was written on).
+On a shared machine those figures move by 10% from round to round, so each round also runs
+benchmarks/protocol_cost.py with each checkout's Python: its HTTP protocol alone, under a trivial
+app and a transport that only takes writes, per connection (with its one request) and per kept-alive
+request; the only code that differs there is the protocol's own.
 
     python -m benchmarks.connection_ab --before /tmp/specgate-before --after . --rounds 6 \\
         --out docs/benchmarks/client-limits.md
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,10 +53,11 @@ def _post(close: bool) -> bytes:
 async def _answer(reader: asyncio.StreamReader) -> None:
     """Read one response with a content-length (the gateway's non-streamed answer); fail unless 200."""
     head = await reader.readuntil(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200 "):
-        raise RuntimeError(f"the gateway answered {head[:40]!r}")
     length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
-    await reader.readexactly(length)
+    body = await reader.readexactly(length)
+    if not head.startswith(b"HTTP/1.1 200 "):
+        status_line = head.split(b"\r\n", 1)[0]
+        raise RuntimeError(f"the gateway answered {status_line!r}: {body[:300]!r}")
 
 
 async def _load(url: str, connections: int, seconds: float, new_connection_each: bool) -> int:
@@ -88,6 +94,8 @@ class Round:
     per_connection_request: float
     per_chunk: float
     rps: float
+    protocol_per_connection: float = 0.0
+    protocol_per_request: float = 0.0
 
 
 def _per(pids: list[int], work: Coroutine[Any, Any, int]) -> tuple[float, int]:
@@ -100,18 +108,29 @@ def _per(pids: list[int], work: Coroutine[Any, Any, int]) -> tuple[float, int]:
 def measure(url: str, pids: list[int], seconds: float) -> Round:
     """The three loads against one gateway."""
     uvloop.run(_load(url, 8, 1.0, False))  # warm: connections, pools, caches
-    per_request, requests = _per(pids, _load(url, 64, seconds, False))
-    per_connection_request, _ = _per(pids, _load(url, 16, seconds, True))
 
     async def chunks() -> int:
         return (await _streams(url + "/v1/chat/completions"))[1]
 
+    # The streams first, on a gateway fresh from its warm-up: their figure does not depend on the loads before.
     per_chunk, _ = _per(pids, chunks())
+    per_request, requests = _per(pids, _load(url, 64, seconds, False))
+    per_connection_request, _ = _per(pids, _load(url, 16, seconds, True))
     return Round(per_request, per_connection_request, per_chunk, requests / seconds)
 
 
+def protocol_cost(tree: Path) -> tuple[float, float]:
+    """benchmarks/protocol_cost.py run by `tree`'s Python (so on its own gateway package): CPU seconds
+    per connection and per kept-alive request."""
+    script = Path(__file__).with_name("protocol_cost.py")
+    out = subprocess.run([str(tree / ".venv/bin/python"), str(script)], cwd=tree, check=True, capture_output=True, text=True)
+    figures = orjson.loads(out.stdout)
+    return figures["per_connection_us"] / 1e6, figures["per_request_us"] / 1e6
+
+
 def _row(name: str, r: Round) -> str:
-    return f"| {name} | {r.per_request * 1e6:.1f} | {r.per_connection_request * 1e6:.1f} | {r.per_chunk * 1e6:.2f} | {r.rps:,.0f} |"
+    return (f"| {name} | {r.per_request * 1e6:.1f} | {r.per_connection_request * 1e6:.1f} | {r.per_chunk * 1e6:.2f} "
+            f"| {r.rps:,.0f} | {r.protocol_per_connection * 1e6:.1f} | {r.protocol_per_request * 1e6:.2f} |")
 
 
 def _median(runs: list[Round]) -> Round:
@@ -130,8 +149,9 @@ def main() -> None:
         f"- `[server] workers = {args.workers}`; {args.rounds} rounds, before and after alternating within each",
         "",
         "| | CPU per request, kept alive, C=64 (µs) | CPU per request, new connection each, C=16 (µs) "
-        "| CPU per chunk, 256 streams (µs) | req/s, kept alive |",
-        "|---|---|---|---|---|",
+        "| CPU per chunk, 256 streams (µs) | req/s, kept alive | protocol alone: per connection (µs) "
+        "| protocol alone: per request (µs) |",
+        "|---|---|---|---|---|---|---|",
     ]
     runs: dict[str, list[Round]] = {label: [] for label in trees}
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -147,6 +167,7 @@ def main() -> None:
                         r = measure(url, [gateway.pid], args.seconds)
                     finally:
                         gateway.stop_blocking(grace=10)
+                    r.protocol_per_connection, r.protocol_per_request = protocol_cost(tree)
                     runs[label].append(r)
                     lines.append(_row(f"{label}, round {round_}", r))
                     print(lines[-1], file=sys.stderr, flush=True)
@@ -158,7 +179,9 @@ def main() -> None:
     lines += [
         "",
         f"After / before (medians): per request kept alive {a.per_request / b.per_request:.3f}, per request on a new "
-        f"connection {a.per_connection_request / b.per_connection_request:.3f}, per chunk {a.per_chunk / b.per_chunk:.3f}.",
+        f"connection {a.per_connection_request / b.per_connection_request:.3f}, per chunk {a.per_chunk / b.per_chunk:.3f}; "
+        f"the protocol alone: {(a.protocol_per_connection - b.protocol_per_connection) * 1e6:+.1f} µs per connection "
+        f"(with its request), {(a.protocol_per_request - b.protocol_per_request) * 1e6:+.2f} µs per kept-alive request.",
     ]
     publish("\n".join(lines) + "\n", args.out)
 
