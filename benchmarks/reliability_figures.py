@@ -78,6 +78,8 @@ def rows(runs: dict[str, TestRun], soak_row: tuple[str, str, str, bool], fuzz_ro
     leaks = _test(runs, "test_keys_never_appear")
     steer = _test(runs, "test_no_field_header")
     limits = _test(runs, "test_body_and_head_size_limits")
+    slow = _test(runs, "test_slow_clients_are_all_closed")
+    w = slow.figures
     return [
         ("SIGKILL one backend under closed-loop load (concurrency 64)",
          (f"{k.get('requests', '?')} requests; {k.get('failed_without_a_byte', '?')} failed that had not received a byte "
@@ -117,6 +119,12 @@ def rows(runs: dict[str, TestRun], soak_row: tuple[str, str, str, bool], fuzz_ro
          (f"{steer.figures.get('steering_attempts', '?')} attempts, {steer.figures.get('connections_elsewhere', '?')} connections "
          "anywhere but the configured backends"),
          _cmd("test_security.py"), steer.passed),
+        ("3,000 slowloris connections + 200 slow POSTs (client timeouts 5 s), 1 and 2 workers",
+         (f"every one answered 408 and closed {w.get('closed_after_s_min_max', '?').replace('/', '-')} s after it was sent; "
+         f"{w.get('legit_chats', '?')} chat completions sent one after another meanwhile, all 200, the slowest "
+         f"{w.get('legit_chat_max_s', '?')} s; a streamed `openai` request completed; in-flight 0 and `client_connections` "
+         f"back to idle ({w.get('client_connections_idle', '?')}) after"),
+         _cmd("test_slow_clients.py"), slow.passed),
         ("Body and head size limits", ("413 over the body limit (with and without Content-Length); 431 over the head limit "
          "(one header, many headers, long URL, a 16 MiB header refused after the first bytes); nothing forwarded"),
          _cmd("test_security.py"), limits.passed),

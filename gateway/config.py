@@ -182,6 +182,21 @@ class LimitsConfig(_Section):
         description="open files kept for everything but proxied requests (listening socket, logs, probes, "
         "metrics); the rest of the open-file limit, two per request, caps the requests in flight",
     )
+    client_header_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds a client has to send a complete request head, from its first byte (a new connection "
+        "that sends nothing: from its accept); then 408 once a request line has begun, else a close",
+    )
+    client_body_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="longest wait between two reads of a request body; beyond it 408 and close"
+    )
+    max_connections_per_client: int = Field(
+        default=0,
+        ge=0,
+        description="connections one client address may hold at once, over all workers; more are closed as they "
+        "are accepted; 0: no cap",
+    )
 
 
 class Settings(BaseSettings):

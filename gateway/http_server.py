@@ -22,7 +22,8 @@ import uvicorn
 from backends.uvicorn_server import UvicornServer as _Server
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.edge.http_protocol import GatewayHttpProtocol
+from gateway.edge.client_cap import ClientCap
+from gateway.edge.http_protocol import ConnectionLimits, GatewayHttpProtocol
 from gateway.runtime import Runtime
 
 log = logging.getLogger("specgate")
@@ -85,7 +86,7 @@ async def serve_http(
             create_app(runtime),
             log_config=None,
             access_log=False,
-            http=functools.partial(GatewayHttpProtocol, max_head_bytes=settings.limits.max_header_bytes),
+            http=functools.partial(GatewayHttpProtocol, limits=connection_limits(runtime)),
             timeout_graceful_shutdown=2,
             timeout_keep_alive=30,
             proxy_headers=False,  # no use for X-Forwarded-For, and its middleware runs per request
@@ -118,6 +119,19 @@ async def serve_http(
             await runtime.pool.wait_idle(1.0)
         server.should_exit = True
     await serving
+
+
+def connection_limits(runtime: Runtime) -> ConnectionLimits:
+    """What `[limits]` allows each client connection, counted in the runtime's metrics and board."""
+    limits, metrics = runtime.settings.limits, runtime.metrics
+    per_client = limits.max_connections_per_client
+    return ConnectionLimits(
+        max_head_bytes=limits.max_header_bytes,
+        header_timeout=limits.client_header_timeout_seconds,
+        body_timeout=limits.client_body_timeout_seconds,
+        cap=ClientCap(runtime.pool.board, per_client, metrics.client_connections_refused.inc) if per_client else None,
+        on_timeout=lambda phase: metrics.client_timeouts.labels(phase).inc(),
+    )
 
 
 async def announce(runtime: Runtime, sock: socket.socket, wait_for_backends: bool, extra: str = "") -> None:

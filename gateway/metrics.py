@@ -24,6 +24,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 6
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 M = TypeVar("M", Counter, Histogram)
+CLIENT_PHASES = ("head", "body")  # what a client was too slow to send (specgate_client_timeouts_total)
 
 
 class Labelled(Generic[M]):
@@ -193,6 +194,17 @@ class GatewayMetrics:
             ["kind"],
             registry=r,
         ))
+        self.client_timeouts = Labelled(Counter(
+            "specgate_client_timeouts",
+            "Client connections ended for a request head or body not sent in time (limits.client_*_timeout_seconds)",
+            ["phase"],
+            registry=r,
+        ))
+        self.client_connections_refused = Counter(
+            "specgate_client_connections_refused",
+            "Client connections closed at accept: their address held limits.max_connections_per_client already",
+            registry=r,
+        )
 
     def watch(self, pool: Pool, policy_beliefs: Callable[[], dict[str, Any]]) -> None:
         """Export the pool's gauges and the policy's beliefs, read live at scrape time."""
@@ -215,6 +227,8 @@ class GatewayMetrics:
             self.restarts.labels(name)
             for endpoint in endpoints:
                 self.requests.labels(name, endpoint, "200")
+        for phase in CLIENT_PHASES:
+            self.client_timeouts.labels(phase)
         for tier in TIERS:
             self.tier_requests.labels(tier, "200")
             self.tier_ttft.labels(tier)

@@ -39,7 +39,8 @@ class SlowFirstTokenFault(_Fault):
 
 
 class DropMidStreamFault(_Fault):
-    """Each stream's TCP connection is closed, without ending the body, after this many chunks."""
+    """Each stream's TCP connection is closed, without ending the body, after this many chunks; a
+    non-streamed response's after its headers and half its body."""
 
     kind: Literal["drop_mid_stream"]
     after_chunks: int = Field(default=1, ge=0)
@@ -52,7 +53,8 @@ class DrainingFault(_Fault):
 
 
 class GarbageSseFault(_Fault):
-    """Each stream emits a non-JSON `data:` event after this many chunks, then carries on."""
+    """Each stream emits a non-JSON `data:` event after this many chunks, then carries on; a
+    non-streamed response's body is not JSON."""
 
     kind: Literal["garbage_sse"]
     after_chunks: int = Field(default=1, ge=0)
@@ -63,6 +65,12 @@ class TruncatedSseFault(_Fault):
 
     kind: Literal["truncated_sse"]
     after_chunks: int = Field(default=1, ge=0)
+
+
+class StallBodyFault(_Fault):
+    """A non-streamed response sends its headers and half its body, then nothing until the client leaves."""
+
+    kind: Literal["stall_body"]
 
 
 class ClearFault(_Fault):
@@ -79,6 +87,7 @@ FaultSpec = Annotated[
     | DrainingFault
     | GarbageSseFault
     | TruncatedSseFault
+    | StallBodyFault
     | ClearFault,
     Field(discriminator="kind"),
 ]
@@ -91,6 +100,7 @@ FAULT_KINDS = (
     "draining",
     "garbage_sse",
     "truncated_sse",
+    "stall_body",
     "clear",
 )
 
@@ -111,11 +121,12 @@ def describe_error(exc: ValidationError | orjson.JSONDecodeError) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StreamFaults:
-    """The stream faults a response applies, fixed when it starts."""
+    """The faults a response applies to its body (streamed or not), fixed when it starts."""
 
     drop_after: int | None = None
     garbage_after: int | None = None
     truncate_after: int | None = None
+    stall_body: bool = False
 
 
 class FaultState:
@@ -163,6 +174,7 @@ class FaultState:
             drop_after=drop.after_chunks if isinstance(drop, DropMidStreamFault) else None,
             garbage_after=garbage.after_chunks if isinstance(garbage, GarbageSseFault) else None,
             truncate_after=truncated.after_chunks if isinstance(truncated, TruncatedSseFault) else None,
+            stall_body="stall_body" in self.active,
         )
 
 

@@ -20,6 +20,7 @@ from backends.sim.render import Renderer
 from backends.sim.request import SimRequest
 
 _GARBAGE_EVENT = b"data: {this is not json\n\n"
+_GARBAGE_BODY = b"{this is not json"
 
 
 class InjectedDrop(Exception):
@@ -159,6 +160,17 @@ class GenerationResponse(Response):
             return
         text = self._final_text(self.engine.text.text(req.text_start, 0, req.produced), 0)
         body = self.renderer.complete(text, req.finish_reason or "abort", req.matched_stop, self._usage())
+        faults = self.faults
+        if faults.garbage_after is not None:
+            body = _GARBAGE_BODY
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if faults.drop_after is not None or faults.stall_body:
+            await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
+            if faults.drop_after is not None:
+                raise InjectedDrop("drop_mid_stream fault: a non-streamed body cut in half")
+            while not self.client_gone:  # stall_body: the watcher wakes this when the client leaves
+                await req.event.wait()
+                req.event.clear()
+            return
         await send({"type": "http.response.body", "body": body, "more_body": False})

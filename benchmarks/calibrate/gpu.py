@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.calibrate.llama import DEFAULT_DRAFT_VOCAB, Decoder, LlamaShape
-from benchmarks.calibrate.profile_file import RoleLimits, profile_tables, write_profile
+from benchmarks.calibrate.profile_file import MeasuredMemory, RoleLimits, profile_tables, write_profile
 
 DEFAULT_BATCHES = (1, 8, 16, 32, 64, 96, 128, 192, 256)
 
@@ -233,6 +233,13 @@ def main(argv: list[str] | None = None) -> None:
         num_draft_tokens=args.drafts + 1,
         prefill_ms_per_token=prefill_per_token,
         limits=limits,
+        memory=MeasuredMemory.from_bytes(
+            total_memory=total_memory,
+            target_weight_bytes=weight_bytes,
+            draft_weight_bytes=draft_bytes,
+            mem_fraction=args.mem_fraction_static,
+            node_gpus=torch.cuda.device_count() if device.type == "cuda" else 1,
+        ),
     )
     raw = {
         "command": " ".join(["python -m benchmarks.calibrate.gpu", *(argv if argv is not None else sys.argv[1:])]),

@@ -1,4 +1,5 @@
-"""The simulator profile a calibration writes: `step_ms` tables plus the limits of each server.
+"""The simulator profile a calibration writes: `step_ms` tables, the limits of each server and the
+memory they were taken at (the simulator's memory model checks and scales by it).
 
 Only the standard library is imported, so the GPU measurement can write its profile on a machine
 where the project itself is not installed.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,26 @@ class RoleLimits:
         return cls(plain_max_running, eagle_max_running, plain_tokens, eagle_tokens)
 
 
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """The device's memory and the weights' sizes a calibration measured at (GB: 10^9 bytes)."""
+
+    gpu_memory_gb: float
+    target_weights_gb: float
+    draft_weights_gb: float
+    mem_fraction_static: float
+    node_gpus: int
+
+    @classmethod
+    def from_bytes(
+        cls, *, total_memory: int, target_weight_bytes: int, draft_weight_bytes: int, mem_fraction: float, node_gpus: int
+    ) -> MeasuredMemory:
+        return cls(
+            round(total_memory / 1e9, 3), round(target_weight_bytes / 1e9, 6), round(draft_weight_bytes / 1e9, 6),
+            mem_fraction, node_gpus,
+        )
+
+
 def profile_tables(
     *,
     name: str,
@@ -63,6 +84,7 @@ def profile_tables(
     num_draft_tokens: int,
     prefill_ms_per_token: float,
     limits: RoleLimits,
+    memory: MeasuredMemory,
 ) -> dict[str, Any]:
     """A complete profile in the simulator's file format, with step-time tables for both roles."""
 
@@ -78,6 +100,7 @@ def profile_tables(
         "context_length": context_length,
         "default_max_tokens": DEFAULT_MAX_TOKENS,
         "eos_token_id": eos_token_id,
+        **asdict(memory),
         "plain": {
             "step_ms": table(plain_steps),
             "tau": 1.0,

@@ -83,7 +83,7 @@ async def admin_status(request: Request) -> dict[str, Any]:
         },
         "draining": rt.draining,
         "inflight": rt.pool.total_inflight,
-        "limits": {**rt.budget.describe(rt.settings.limits.max_inflight), "client_connections": len(rt.client_connections)},
+        "limits": _limits(rt),
         "groups": _groups(rt.pool),
         "prefix": _prefix(rt),
         "backends": [
@@ -130,6 +130,18 @@ def _rates(prompt: float, cached: float, predicted: float) -> dict[str, float | 
         "predicted_tokens": predicted,
         "hit_rate": cached / prompt if prompt else None,
         "predicted_hit_rate": predicted / prompt if prompt else None,
+    }
+
+
+def _limits(rt: Runtime) -> dict[str, Any]:
+    """The descriptor budget, the open client connections and what each client may hold."""
+    limits = rt.settings.limits
+    return {
+        **rt.budget.describe(limits.max_inflight),
+        "client_connections": len(rt.client_connections),
+        "client_header_timeout_seconds": limits.client_header_timeout_seconds,
+        "client_body_timeout_seconds": limits.client_body_timeout_seconds,
+        "max_connections_per_client": limits.max_connections_per_client,
     }
 
 

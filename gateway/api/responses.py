@@ -5,11 +5,14 @@ names one (`GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, and a new
 `previous_response_id`) must reach that server. Unless the client set `request_id` (which SGLang
 takes as the response id), the gateway picks the id itself, naming the backend it sends the
 request to, so it knows the id before the first byte; it records the backend as soon as that
-backend accepts the request (`Runtime.response_homes`).
+backend accepts the request (`Runtime.response_homes`, one worker's). An id this worker never saw
+and that names no backend (the client's own, made through another worker or before a restart) is
+asked for on every ready backend; the one that stores it is its home.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote
 
@@ -39,11 +42,27 @@ def _not_found(response_id: str, param: str = "response_id") -> OpenAIError:
     return OpenAIError(404, f"Response with id '{response_id}' not found.", param=param, code="response_not_found")
 
 
-def _home(rt: Runtime, response_id: str, param: str = "response_id") -> str:
-    backend = rt.response_homes.home_of(response_id, rt.pool.names)
+async def _home(rt: Runtime, response_id: str, param: str = "response_id") -> str:
+    """The backend storing `response_id`: remembered, named by the id, or found by asking; else a 404."""
+    backend = rt.response_homes.home_of(response_id, rt.pool.names) or await _ask_backends(rt, response_id)
     if backend is None:
         raise _not_found(response_id, param)
     return backend
+
+
+async def _ask_backends(rt: Runtime, response_id: str) -> str | None:
+    """The ready backend that answers GET /v1/responses/{id}, remembered as its home; None if none does."""
+    rt.pool.sync()
+    names = [b.name for b in rt.pool if b.available]
+    path = f"/v1/responses/{quote(response_id, safe='')}"
+    answers = await asyncio.gather(
+        *(rt.upstreams[name].get(path, rt.settings.health.ready_timeout) for name in names), return_exceptions=True
+    )
+    for name, answer in zip(names, answers, strict=True):
+        if not isinstance(answer, BaseException) and answer[0] == 200:
+            rt.response_homes.remember(response_id, name)
+            return name
+    return None
 
 
 @router.post("/v1/responses", response_class=Response, responses=_STREAM_DOC)
@@ -52,7 +71,7 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
     rt = runtime_of(request)
     if body.model is not None:
         check_model(rt, body.model)
-    home = None if body.previous_response_id is None else _home(rt, body.previous_response_id, "previous_response_id")
+    home = None if body.previous_response_id is None else await _home(rt, body.previous_response_id, "previous_response_id")
     ids = _NewResponse(rt.response_homes, body.request_id)
     raw = dict(await request.json())  # already parsed (and cached) by the body validation
     # SGLang's Responses API takes `service_tier` itself, so the field travels on unchanged.
@@ -84,7 +103,7 @@ class _NewResponse:
 
 async def _at_home(rt: Runtime, response_id: str, path: str, method: str) -> Response:
     """Send a small request about a stored response to its backend; relay the answer."""
-    name = _home(rt, response_id)
+    name = await _home(rt, response_id)
     path = path.format(quote(response_id, safe=""))  # an id is one path segment, whatever it holds
     upstream = rt.upstreams[name]
     try:

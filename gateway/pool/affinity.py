@@ -4,8 +4,8 @@ SGLang keeps a stored response (and the conversation a follow-up's `previous_res
 continues) in the memory of the server that made it, with no expiry and no bound. `ResponseHomes`
 keeps the homes of the most recent `capacity` responses (least recently used forgotten first), and
 the ids the gateway makes up name their backend (`response_id_for`), so such a response is found
-even where the map never saw it (another worker, a restart); an id found neither way is a 404, as
-SGLang answers. `RidTable` knows where each in-flight native `/generate` runs, for `/abort_request`.
+even where the map never saw it (another worker, a restart); an id found neither way is asked for
+on the backends (`gateway/api/responses.py`), and is a 404, as SGLang answers, where none has it. `RidTable` knows where each in-flight native `/generate` runs, for `/abort_request`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import Callable
 
@@ -28,6 +29,7 @@ from gateway.pool.snapshot import BackendView, PoolSnapshot
 OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
 
 Clock = Callable[[], float]  # seconds, monotonic
+log = logging.getLogger("specgate.pool")
 
 
 class Health(enum.Enum):
@@ -232,6 +234,7 @@ class Pool:
         self._idle = asyncio.Event()
         self._idle.set()
         self._health_version = self._cards_version = self._loads_version = 0
+        self._unshared: set[str] = set()  # blobs the board could not take at their last publication
         self._group_sizes: dict[str, int] = {}
         for b in backends:
             self._group_sizes[b.group] = self._group_sizes.get(b.group, 0) + 1
@@ -243,11 +246,26 @@ class Pool:
     def publish_cards(self) -> None:
         """Tell the other workers every discovered model card (before a backend is marked ready)."""
         cards = {b.name: [b.served_model_name, b.model_card] for b in self if b.model_card is not None}
-        self.board.write_cards(orjson.dumps(cards))
+        self._publish("model cards", self.board.write_cards, orjson.dumps(cards))
 
     def publish_loads(self) -> None:
         """Tell the other workers each backend's own /v1/loads, as the health checker polled it."""
-        self.board.write_loads(orjson.dumps({b.name: engine_load_json(b.engine_load) for b in self}))
+        self._publish("engine loads", self.board.write_loads, orjson.dumps({b.name: engine_load_json(b.engine_load) for b in self}))
+
+    def _publish(self, what: str, write: Callable[[bytes], None], payload: bytes) -> None:
+        """Write a blob for the other workers; one larger than the board's room is skipped (they keep
+        the last that fitted) and logged when that starts and when it ends, never raised into the
+        health checker, whose probes and polls must go on."""
+        try:
+            write(payload)
+        except ValueError as exc:
+            if what not in self._unshared:
+                self._unshared.add(what)
+                log.warning("not shared with the other workers: %s", exc)
+            return
+        if what in self._unshared:
+            self._unshared.discard(what)
+            log.info("%s shared with the other workers again", what)
 
     def sync(self) -> None:
         """Take the health states, model cards and engine loads other processes published since the last call.

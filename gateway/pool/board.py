@@ -3,12 +3,13 @@
 A pool writes its own per-backend numbers (in-flight count, load integral, expected output, relayed
 chunks, served) and reads the whole gateway's; health states, model cards and engine loads are
 published by whoever saw them; finished responses go through a ring every worker's policy replays
-in the same order; the service tiers' lane counts decisions; one routing decision is taken at a
-time (`routing`). With one process all of that is its own (`LocalBoard`: nothing to publish). With
-`[server] workers` > 1 it lives in one block of shared memory (`LoadBoard`): each worker writes only
-its own row and readers sum the rows; the two locks (routing; the ring and the published blobs) are
-flocks the kernel releases when their holder dies. Values are float64 (counts exact below 2**53),
-one aligned 8-byte store per cell, so a reader never sees half of one.
+in the same order; the service tiers' lane counts decisions; each client address's open
+connections are counted against `limits.max_connections_per_client`; one routing decision is taken
+at a time (`routing`). With one process all of that is its own (`LocalBoard`: nothing to publish).
+With `[server] workers` > 1 it lives in one block of shared memory (`LoadBoard`): each worker writes
+only its own row and readers sum the rows; the three locks (routing; the ring and the published
+blobs; the client table) are flocks the kernel releases when their holder dies. Values are float64
+(counts exact below 2**53), one aligned 8-byte store per cell, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import functools
+import hashlib
 import os
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -40,9 +44,15 @@ PREFIX_SLOTS = 1 << 17  # prompt blocks the prefix map holds (pool/prefix.py): 3
 RING = 4096  # completion records kept; a worker further behind than this skips the oldest
 CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker discovered them
 LOAD_BYTES = 65536  # the backends' own /v1/loads (JSON), as the health checker last polled them
+# Client addresses with connections open, in a set-associative table: an address takes a free way of
+# its bucket (one its key names, or one no worker counts a connection in); 16-byte keys, then a row
+# of per-way counts per worker. An address whose bucket is full is let in uncounted.
+CLIENT_BUCKETS, CLIENT_WAYS = 2048, 8
+_CLIENT_SLOTS = CLIENT_BUCKETS * CLIENT_WAYS
+_KEY_CELLS = 2  # 16 bytes
 _HEADER = 5  # draining flag, completions written, model cards version, engine loads version, health version
 _CARDS_VERSION, _LOADS_VERSION, _HEALTH_VERSION = 2, 3, 4
-_LOCKS = ("routing", "records")  # the locks' files
+_LOCKS = ("routing", "records", "clients")  # the locks' files
 
 
 class Board(Protocol):
@@ -98,6 +108,10 @@ class Board(Protocol):
     def since_priority(self) -> int | None:
         """Decisions since the last priority one (0: it was the last); None: never one."""
 
+    def admit_client(self, key: bytes, cap: int) -> Callable[[], None] | None:
+        """Count one more open connection of client address `key` (16 bytes) unless the gateway holds
+        `cap` of its connections already; what uncounts it, or None (refused)."""
+
 
 class DecisionClock:
     """Routing decisions counted in one process, and the last priority one (the tiers' lane clock)."""
@@ -127,6 +141,7 @@ class LocalBoard(DecisionClock):
         self.prefix = PrefixTable(memoryview(bytearray(PrefixTable.size(prefix_slots))), prefix_slots)
         self._cells: dict[tuple[int, int], float] = {}
         self._records: deque[tuple[float, ...]] = deque()
+        self._clients: dict[bytes, int] = {}  # open connections per client address
 
     def write(self, backend: int, field: int, value: float) -> None:
         self._cells[backend, field] = value
@@ -164,6 +179,18 @@ class LocalBoard(DecisionClock):
         self._records.clear()
         return records
 
+    def admit_client(self, key: bytes, cap: int) -> Callable[[], None] | None:
+        held = self._clients.get(key, 0)
+        if held >= cap:
+            return None
+        self._clients[key] = held + 1
+        return functools.partial(self._release_client, key)
+
+    def _release_client(self, key: bytes) -> None:
+        held = self._clients.pop(key) - 1
+        if held:
+            self._clients[key] = held
+
 
 class FileLock:
     """An exclusive flock on `path`, taken through this object's own open file (flock is per open file,
@@ -190,6 +217,7 @@ class BoardSpec:
     workers: int
     backends: int
     locks: str  # the directory of the locks' files
+    salt: bytes  # keys the client table's bucket hash, so no client can aim at a bucket
     prefix_slots: int = PREFIX_SLOTS
 
 
@@ -201,6 +229,7 @@ class LoadBoard:
         self.worker = worker
         self.routing = FileLock(os.path.join(spec.locks, "routing"))  # one routing decision at a time
         self._records = FileLock(os.path.join(spec.locks, "records"))  # the completions ring and the blobs
+        self._clients = FileLock(os.path.join(spec.locks, "clients"))  # the client table
         size = 8 * self.cells(spec.workers, spec.backends)
         self._shm = shared_memory.SharedMemory(name=spec.name, create=create, size=size)
         self._cells = self._shm.buf.cast("d")
@@ -219,11 +248,15 @@ class LoadBoard:
         self._ring_at = self._clock_at + spec.workers * _CLOCK
         self._cards_at = 8 * (self._ring_at + RING * _RECORD)  # a byte offset
         self._loads_at = self._cards_at + CARD_BYTES
+        self._client_keys_at = self._loads_at + LOAD_BYTES  # a byte offset
+        self._client_rows_at = self._client_keys_at // 8 + _CLIENT_SLOTS * _KEY_CELLS
         self.applied = 0  # completion records this process has replayed
 
     @staticmethod
     def cells(workers: int, backends: int) -> int:
-        return _HEADER + backends + workers * (backends * _FIELDS + _CLOCK) + RING * _RECORD + (CARD_BYTES + LOAD_BYTES) // 8
+        blobs = (CARD_BYTES + LOAD_BYTES) // 8
+        clients = _CLIENT_SLOTS * (_KEY_CELLS + workers)
+        return _HEADER + backends + workers * (backends * _FIELDS + _CLOCK) + RING * _RECORD + blobs + clients
 
     @classmethod
     def create(cls, workers: int, backends: int) -> LoadBoard:
@@ -231,7 +264,7 @@ class LoadBoard:
         locks = tempfile.mkdtemp(prefix="specgate-board-")
         for name in _LOCKS:
             open(os.path.join(locks, name), "x").close()
-        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, locks)
+        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, locks, os.urandom(16))
         return cls(spec, -1, create=True)
 
     def close(self, *, unlink: bool = False) -> None:
@@ -241,6 +274,7 @@ class LoadBoard:
         self._prefix_shm.close()
         self.routing.close()
         self._records.close()
+        self._clients.close()
         if unlink:
             self._shm.unlink()
             self._prefix_shm.unlink()
@@ -281,6 +315,9 @@ class LoadBoard:
             c[row + SINCE] = now
             for field in (INFLIGHT, EXPECTED, CHUNKS):
                 c[row + field] = 0.0
+        with self._clients:  # its connections died with it
+            row = self._client_rows_at + worker * _CLIENT_SLOTS
+            self._cells[row : row + _CLIENT_SLOTS] = memoryview(array.array("d", bytes(8 * _CLIENT_SLOTS)))
 
     # Health: one cell per backend; the version moves after the cell, under the records lock, so no
     # two writers' bumps collapse into one that a reader has already seen.
@@ -382,3 +419,41 @@ class LoadBoard:
             buf = self._shm.buf
             size = int.from_bytes(buf[at : at + 4], "little")
             return int(self._cells[version]), bytes(buf[at + 4 : at + 4 + size])
+
+    # Client addresses: each worker counts its own connections in its row; the cap holds for the sum.
+    def admit_client(self, key: bytes, cap: int) -> Callable[[], None] | None:
+        """Count one more connection of client `key` unless the gateway holds `cap` of them (see `Board`)."""
+        bucket = client_bucket(key, self.spec.salt)
+        buf, cells, slots = self._shm.buf, self._cells, _CLIENT_SLOTS
+        with self._clients:
+            free = None
+            for slot in range(bucket * CLIENT_WAYS, (bucket + 1) * CLIENT_WAYS):
+                held = sum(cells[self._client_rows_at + w * slots + slot] for w in range(self.spec.workers))
+                at = self._client_keys_at + 16 * slot
+                if held and buf[at : at + 16] == key:
+                    if held >= cap:
+                        return None
+                    free = slot
+                    break
+                if not held and free is None:
+                    free = slot
+            if free is None:  # every way holds another address's connections: let it in uncounted
+                return _uncounted
+            at = self._client_keys_at + 16 * free
+            buf[at : at + 16] = key
+            mine = self._client_rows_at + self.worker * slots + free
+            cells[mine] += 1.0
+        return functools.partial(self._release_client, mine)
+
+    def _release_client(self, cell: int) -> None:
+        with self._clients:
+            self._cells[cell] -= 1.0
+
+
+def client_bucket(key: bytes, salt: bytes) -> int:
+    """The client table's bucket of address `key`, under the board's `salt`."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4, key=salt).digest(), "little") % CLIENT_BUCKETS
+
+
+def _uncounted() -> None:
+    pass

@@ -18,8 +18,9 @@ from gateway.upstream.http11 import WireResponse
 
 
 def serving(env: dict[str, str]) -> Iterator[GatewayProcess]:
-    """`specgate serve` on its embedded default with `env`, stopped when the fixture ends."""
-    gw = start_gateway(env=env)
+    """`specgate serve` on its embedded default with `env` (one worker unless `env` says otherwise, not
+    one per core of the machine that runs the tests), stopped when the fixture ends."""
+    gw = start_gateway(env={"SPECGATE_SERVER__WORKERS": "1", **env})
     try:
         yield gw
     finally:

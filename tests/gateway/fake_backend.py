@@ -44,6 +44,7 @@ class FakeBackend:
     ready_status: int = 200
     health_status: int = 200
     loads: dict[str, object] | None = None  # its /v1/loads body; None answers 404, as an older SGLang
+    card: dict[str, object] = field(default_factory=lambda: {"id": MODEL, "object": "model"})  # its /v1/models entry
     posts: int = 0
     gets: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -82,7 +83,7 @@ class FakeBackend:
             return web.Response(status=self.health_status)
         if request.path == "/v1/loads":
             return web.json_response(self.loads) if self.loads is not None else web.Response(status=404)
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        return web.json_response({"object": "list", "data": [self.card]})
 
     def app(self) -> web.Application:
         app = web.Application()

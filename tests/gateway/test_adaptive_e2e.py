@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
-    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.5"})  # no --policy: the default
+    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.5", "SPECGATE_SERVER__WORKERS": "1"})  # no --policy: the default
     try:
         yield gw
     finally:

@@ -34,6 +34,18 @@ def test_defaults_without_file_or_environment() -> None:
     assert (settings.server.port, settings.server.log_level, settings.policy.name) == (8000, "info", "adaptive")
 
 
+def test_client_limits_default_to_nginx_like_timeouts_and_no_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = load_settings().limits
+    assert (limits.client_header_timeout_seconds, limits.client_body_timeout_seconds, limits.max_connections_per_client) == (30, 30, 0)
+    monkeypatch.setenv("SPECGATE_LIMITS__CLIENT_BODY_TIMEOUT_SECONDS", "2.5")
+    monkeypatch.setenv("SPECGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT", "64")
+    limits = load_settings().limits
+    assert (limits.client_body_timeout_seconds, limits.max_connections_per_client) == (2.5, 64)
+    for bad in ({"client_header_timeout_seconds": 0}, {"client_body_timeout_seconds": -1}, {"max_connections_per_client": -1}):
+        with pytest.raises(ValidationError):
+            Settings.model_validate({"limits": bad})
+
+
 def test_the_file_beats_the_defaults(toml: Path) -> None:
     settings = load_settings(toml)
     assert (settings.server.port, settings.policy.name, settings.policy.threshold) == (9001, "threshold", 3)

@@ -7,7 +7,8 @@ the whole module.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -115,24 +116,44 @@ def test_one_request_alone_goes_to_eagle(client: openai.OpenAI, model: str, gate
 
 
 async def test_concurrent_long_requests_spill_to_plain(aclient: openai.AsyncOpenAI, model: str, gateway: GatewayProcess) -> None:
-    async def one() -> str:
+    async def start(max_tokens: int) -> tuple[str, Any]:
         raw = await aclient.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": "tell a long story"}], max_tokens=60, stream=True
+            model=model, messages=[{"role": "user", "content": "tell a long story"}], max_tokens=max_tokens, stream=True
         )
-        async for _ in raw.parse():
-            pass
-        return raw.headers["x-specgate-backend"]
+        stream = raw.parse()
+        await anext(aiter(stream))  # in flight: the gateway holds its slot until the stream ends
+        return raw.headers["x-specgate-backend"], stream
 
-    backends = await asyncio.gather(*(one() for _ in range(16)))
-    # threshold 2: only requests that found fewer than 2 in flight may go to eagle
-    assert 1 <= backends.count("eagle") <= 2, backends
-    assert backends.count("plain") >= 14
+    async def finish(stream: Any) -> None:
+        async for _ in stream:
+            pass
+
+    # Threshold 2: the first two find 0 and 1 in flight and go to eagle; while both run (20,000
+    # tokens: seconds), every other request finds 2 or more and goes to plain, however the machine
+    # schedules them.
+    first = [await start(20_000), await start(20_000)]
+    rest = await asyncio.gather(*(start(60) for _ in range(14)))
+    assert [backend for backend, _ in first] == ["eagle", "eagle"]
+    assert [backend for backend, _ in rest] == ["plain"] * 14
+    await asyncio.gather(*(finish(stream) for _, stream in rest))
+    for _, stream in first:
+        await stream.close()  # the client leaves: its slot is released
     async with httpx.AsyncClient(base_url=gateway.url) as http:
-        assert await ainflight(http) == {"eagle": 0, "plain": 0}
+        await _until(lambda: _inflight_is_zero(http), 10)
         metrics = (await http.get("/metrics")).text
     assert 'specgate_inflight_requests{backend="eagle"} 0.0' in metrics
     assert 'specgate_inflight_requests{backend="plain"} 0.0' in metrics
-    assert 'specgate_route_decisions_total{backend="plain",reason="at_or_above_threshold"}' in metrics
+    assert 'specgate_route_decisions_total{backend="plain",reason="at_or_above_threshold"} 14.0' in metrics
+
+
+async def _inflight_is_zero(http: httpx.AsyncClient) -> bool:
+    return await ainflight(http) == {"eagle": 0, "plain": 0}
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], within: float) -> None:
+    async with asyncio.timeout(within):
+        while not await condition():
+            await asyncio.sleep(0.02)
 
 
 def test_server_and_model_info_pass_through(gateway: GatewayProcess) -> None:

@@ -23,6 +23,9 @@ pytestmark = pytest.mark.timeout(240)
 
 BACKENDS = {"g0-eagle", "g0-plain", "g1-eagle", "g1-plain"}
 CONFIG = """
+[server]
+workers = 1
+
 [launch]
 engine = "sim"
 profile = "llama8b-h100"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from pydantic import SecretStr
 
 from gateway.config import HealthConfig, TimeoutConfig
 from gateway.pool.backends import Backend, Health, Pool
+from gateway.pool.board import CARD_BYTES, LOAD_BYTES, Board, LoadBoard
 from gateway.pool.health import HealthChecker
 from gateway.upstream.client import UpstreamClient
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
@@ -20,9 +23,11 @@ FAST = HealthConfig(ready_interval=0.02, ready_timeout=1.0, health_interval=0.1,
 
 
 @asynccontextmanager
-async def checking(url: str, *, api_key: SecretStr | None = None) -> AsyncIterator[tuple[Backend, HealthChecker]]:
+async def checking(
+    url: str, *, api_key: SecretStr | None = None, board: Board | None = None
+) -> AsyncIterator[tuple[Backend, HealthChecker]]:
     backend = Backend("b", url, speculative=False)
-    pool = Pool([backend])
+    pool = Pool([backend], board)
     key = api_key.get_secret_value() if api_key else None
     upstream = UpstreamClient(url, api_key=key, timeouts=TimeoutConfig(), max_connections=4)
     await upstream.start()
@@ -152,3 +157,45 @@ async def test_a_backend_without_v1_loads_is_ready_with_no_figures() -> None:
     async with serving(FakeBackend()) as fake, checking(fake.url) as (backend, _):
         await until(lambda: backend.health is Health.READY and "/v1/loads" in fake.gets)
         assert backend.engine_load is None
+
+
+@pytest.fixture
+def shared() -> Iterator[tuple[LoadBoard, Pool]]:
+    """The parent's view of a two-process board, and a worker's pool on it."""
+    owner = LoadBoard.create(1, 1)
+    view = LoadBoard(owner.spec, 0)
+    yield owner, Pool([Backend("b", "http://b", speculative=False)], view)
+    view.close()
+    owner.close(unlink=True)
+
+
+def _worker_sees(pool: Pool, check: Callable[[Backend], bool]) -> bool:
+    pool.sync()
+    return check(pool["b"])
+
+
+async def test_engine_loads_too_large_for_the_board_are_skipped_and_polling_goes_on(
+    shared: tuple[LoadBoard, Pool], caplog: pytest.LogCaptureFixture
+) -> None:
+    owner, worker = shared
+    caplog.set_level(logging.INFO, "specgate.pool")
+    report: dict[str, Any] = {"loads": [{"dp_rank": 0, "num_waiting_reqs": 1}]}
+    async with serving(FakeBackend(loads=report)) as fake, checking(fake.url, board=owner) as (backend, _):
+        await until(lambda: _worker_sees(worker, lambda b: b.engine_load is not None))
+        report["loads"] = [{"dp_rank": rank, "detail": "x" * 1000} for rank in range(LOAD_BYTES // 1000)]
+        await until(lambda: "not shared with the other workers: engine loads" in caplog.text)
+        assert len(backend.engine_load.ranks) > 1  # type: ignore[union-attr]  # this process keeps what it polled
+        assert _worker_sees(worker, lambda b: b.engine_load is not None and len(b.engine_load.ranks) == 1)  # the last that fitted
+        report["loads"] = [{"dp_rank": 0, "num_waiting_reqs": 7}]
+        await until(lambda: _worker_sees(worker, lambda b: b.engine_load is not None and b.engine_load.ranks[0].get("num_waiting_reqs") == 7))
+        assert "engine loads shared with the other workers again" in caplog.text
+
+
+async def test_a_model_card_too_large_for_the_board_still_lets_its_backend_become_ready(
+    shared: tuple[LoadBoard, Pool], caplog: pytest.LogCaptureFixture
+) -> None:
+    owner, _ = shared
+    card = {"id": MODEL, "object": "model", "detail": "x" * CARD_BYTES}
+    async with serving(FakeBackend(card=card)) as fake, checking(fake.url, board=owner) as (backend, _):
+        await until(lambda: backend.health is Health.READY)
+    assert "not shared with the other workers: model cards" in caplog.text

@@ -24,7 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.edge.body_writer import body_writer
 from gateway.edge.client_watch import watch_client
-from gateway.edge.http_protocol import GatewayHttpProtocol
+from gateway.edge.http_protocol import ConnectionLimits, GatewayHttpProtocol
 
 LIMIT = 2048
 
@@ -58,13 +58,12 @@ async def writer_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[int]:
+async def serving(app: Any, limits: ConnectionLimits | None = None, **config: Any) -> AsyncIterator[int]:
+    """`app` under uvicorn with the gateway's protocol on a free loopback port; `config`: uvicorn's."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, http=functools.partial(GatewayHttpProtocol, max_head_bytes=LIMIT), log_config=None, lifespan="off"
-    )
-    server = uvicorn.Server(config)
+    protocol = functools.partial(GatewayHttpProtocol, limits=limits or ConnectionLimits(LIMIT))
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, log_config=None, lifespan="off", **config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     async with asyncio.timeout(10):
         while not server.started:
@@ -81,20 +80,27 @@ async def port() -> AsyncIterator[int]:
         yield port
 
 
-async def exchange(port: int, request: bytes) -> bytes:
-    """Send raw bytes; everything the server answers until it closes (or 5 s pass)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(request)
-    await writer.drain()
+async def read_to_close(reader: asyncio.StreamReader, within: float = 5.0) -> bytes:
+    """Everything the server sends until it closes the connection; fails if it has not closed within `within` s."""
     data = b""
     try:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(within):
             while chunk := await reader.read(65536):
                 data += chunk
     except TimeoutError:
-        pass
-    writer.close()
+        raise AssertionError(f"the server did not close the connection within {within} s; it sent {data[:200]!r}") from None
     return data
+
+
+async def exchange(port: int, request: bytes) -> bytes:
+    """Send raw bytes; everything the server answers until it closes (which it must, within 5 s)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    try:
+        return await read_to_close(reader)
+    finally:
+        writer.close()
 
 
 def error_of(response: bytes) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def write_sharegpt(path: Path, conversations: int = 50) -> Path:
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
-    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.1"})
+    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.1", "SPECGATE_SERVER__WORKERS": "1"})
     try:
         yield gw
     finally:

@@ -13,7 +13,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policies import Completion, Decision
 from gateway.policies.adaptive import AdaptivePolicy
 from gateway.pool.backends import Backend, Health, Pool
-from gateway.pool.board import LoadBoard
+from gateway.pool.board import RING, LoadBoard
 from gateway.pool.engine_load import parse_engine_load
 from gateway.runtime import Runtime
 
@@ -94,6 +94,20 @@ def test_the_health_checkers_engine_loads_reach_every_worker(board: LoadBoard) -
     for pool in workers:
         pool.sync()
         assert pool["eagle"].engine_load is None
+
+
+def test_a_worker_further_behind_than_the_ring_skips_the_oldest_records_in_order(board: LoadBoard) -> None:
+    writer, reader = _attach(board, 0), _attach(board, 1)
+    assert reader.unread() == []
+    records = [(n % 2, n, 0.5, 1.0, 2.0, 2.0, 3) for n in range(RING + 10)]  # the ring wraps around
+    for record in records:
+        writer.publish(record)
+    kept = reader.unread()
+    # The oldest are gone; the slot the next record will overwrite is not trusted either.
+    assert kept == [tuple(float(x) for x in r) for r in records[-(RING - 1) :]]
+    assert reader.unread() == []
+    writer.publish(records[0])
+    assert reader.unread() == [tuple(float(x) for x in records[0])]  # and it carries on from there
 
 
 def test_the_load_integral_is_the_gateways(board: LoadBoard) -> None:

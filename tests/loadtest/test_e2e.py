@@ -28,27 +28,48 @@ def sweep(out: Path, *args: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-def test_sweep_against_a_simulator_measures_what_the_model_predicts(tmp_path: Path) -> None:
-    # field-8gpu plain at time scale 0.5: TPOT at batch B is (4.53 + 1.294 B) * 0.5 ms.
+def _plain_sweep(out: Path) -> tuple[dict, str]:
+    """A closed-loop sweep at concurrency 1 and 4 against one plain sim (field-8gpu, time scale 0.5):
+    its results and the sim's URL. The model's TPOT at batch B is (4.53 + 1.294 B) * 0.5 ms."""
     with running_sim("--role", "plain", "--time-scale", "0.5", "--enable-metrics") as sim:
-        doc = sweep(tmp_path, "--target", f"plain={sim.url()}", "--concurrency", "1,4",
+        doc = sweep(out, "--target", f"plain={sim.url()}", "--concurrency", "1,4",
                     "--requests-per-level", "2x", "--min-requests-per-level", "4", "--output-len", "24")
+    return doc, sim.url()
+
+
+def _model_tpot(batch: int) -> float:
+    return (4.53 + 1.294 * batch) * 0.5
+
+
+def test_sweep_against_a_simulator_reports_every_request_and_the_models_shape(tmp_path: Path) -> None:
+    doc, url = _plain_sweep(tmp_path)
     one, four = doc["levels"]
     for level, batch in ((one, 1), (four, 4)):
         t = level["targets"]["plain"]
         assert t["completed"] == level["requests"] and t["failed"] == 0
         assert t["total_output_tokens"] == 24 * level["requests"]  # ignore_eos + max_tokens: exact
         assert t["total_input_tokens"] > 32 * level["requests"]  # 32 words + the chat template
-        model_tpot = (4.53 + 1.294 * batch) * 0.5
-        assert t["tpot_p50_ms"] == pytest.approx(model_tpot, rel=0.15)
-        assert t["itl_p50_ms"] == pytest.approx(model_tpot, rel=0.25)
+        # A step is never early, so the model's TPOT is a floor (how close it comes: the simtiming test).
+        assert t["tpot_p50_ms"] >= 0.95 * _model_tpot(batch)
         assert t["backend_share"] is None
-        slip = t["monitor"]["sim_slip"][sim.url()]
+        slip = t["monitor"]["sim_slip"][url]
         assert slip is not None and slip["steps"] > 0
-    assert four["targets"]["plain"]["output_tok_s"] > 2 * one["targets"]["plain"]["output_tok_s"]
+    assert four["targets"]["plain"]["tpot_p50_ms"] > one["targets"]["plain"]["tpot_p50_ms"]  # batching costs per step
+    assert four["targets"]["plain"]["output_tok_s"] > 1.2 * one["targets"]["plain"]["output_tok_s"]  # and pays overall
     assert doc["command"].startswith("python -m loadtest sweep")
     for name in ("results.csv", "throughput.png", "latency.png", "report.md"):
         assert (tmp_path / name).exists()
+
+
+@pytest.mark.simtiming
+def test_sweep_against_a_simulator_measures_what_the_model_predicts(tmp_path: Path) -> None:
+    doc, _ = _plain_sweep(tmp_path)
+    one, four = doc["levels"]
+    for level, batch in ((one, 1), (four, 4)):
+        t = level["targets"]["plain"]
+        assert t["tpot_p50_ms"] == pytest.approx(_model_tpot(batch), rel=0.15)
+        assert t["itl_p50_ms"] == pytest.approx(_model_tpot(batch), rel=0.25)
+    assert four["targets"]["plain"]["output_tok_s"] > 2 * one["targets"]["plain"]["output_tok_s"]
 
 
 def test_open_loop_sweep_and_completions_endpoint(tmp_path: Path) -> None:
@@ -64,7 +85,7 @@ def test_open_loop_sweep_and_completions_endpoint(tmp_path: Path) -> None:
 
 
 def test_sweep_through_specgate_serve_embedded_default(tmp_path: Path) -> None:
-    gw = start_gateway()
+    gw = start_gateway("--workers", "2")  # two on purpose: what the default gives a 2-core machine
     try:
         doc = sweep(tmp_path, "--target", f"specgate={gw.url}", "--concurrency", "1,8",
                     "--requests-per-level", "1x", "--min-requests-per-level", "8", "--output-len", "16")
@@ -74,8 +95,8 @@ def test_sweep_through_specgate_serve_embedded_default(tmp_path: Path) -> None:
     assert lone["failed"] == busy["failed"] == 0
     # The share comes from each response's x-specgate-backend header. A request alone is
     # speculated; the default (adaptive) policy also sends one cold-start request to the idle
-    # plain server, to measure it (one per worker: the default runs one per core, 2 in CI, and a
-    # worker probes before the other's probe has come back). Where it sends the busy level's 8 while it is still learning is
+    # plain server, to measure it (one per worker: a worker probes before the other's probe has
+    # come back). Where it sends the busy level's 8 while it is still learning is
     # not this test's business (tests/gateway/test_adaptive_e2e.py checks what it learns).
     assert lone["backend_share"]["eagle"] >= 0.75
     assert set(busy["backend_share"]) <= {"eagle", "plain"}

@@ -243,17 +243,18 @@ async def running_stack(
     admin_key: str | None = None,
     connections: int = 1024,
     nofile: tuple[int, int] | None = None,
-    workers: int | None = None,
+    workers: int = 1,
+    sim_args: tuple[str, ...] = (),
 ) -> AsyncIterator[Stack]:
     """Start an eagle and a plain sim and a gateway pointed at them; stop all three on exit.
 
     `backend_key` is the sims' `--api-key` (and the gateway's key for them); `client_key` and
     `admin_key` are what the stack's own helper calls send when the gateway requires keys; `nofile`
-    (soft, hard) is the gateway's open-file limit; `workers` its `server.workers` (None: the default).
+    (soft, hard) is the gateway's open-file limit; `workers` its `server.workers` (one unless the
+    test is about workers); `sim_args` more of the sims' options.
     """
-    if workers is not None:
-        gateway = {**(gateway or {}), "server": {**(gateway or {}).get("server", {}), "workers": workers}}
-    args = (*SIM_ARGS, "--time-scale", str(time_scale), *(("--api-key", backend_key) if backend_key else ()))
+    gateway = {**(gateway or {}), "server": {"workers": workers, **(gateway or {}).get("server", {})}}
+    args = (*SIM_ARGS, "--time-scale", str(time_scale), *(("--api-key", backend_key) if backend_key else ()), *sim_args)
     eagle = await asyncio.to_thread(sims.start, "--role", "eagle", *args)
     plain = await asyncio.to_thread(sims.start, "--role", "plain", *args)
     backends = [

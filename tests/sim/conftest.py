@@ -9,13 +9,6 @@ import pytest
 from backends.testbed import SimFactory, SimHandle
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "simtiming: measures the simulator's timing against its model (about 20 s; run alone for stable numbers)",
-    )
-
-
 @pytest.fixture(scope="module")
 def module_sims() -> Iterator[SimFactory]:
     """Sims shared by the tests of one module."""

@@ -1,5 +1,9 @@
 """benchmarks/calibrate: the GPU step-time measurement (run on the CPU with a tiny model) and the fit to
-SGLang's bench_serving results; both write profile files the simulator loads."""
+SGLang's bench_serving results; both write profile files the simulator loads.
+
+The measurement's tests need PyTorch, which `.[test]` leaves out: they carry the `calibrate` marker,
+which .ci/run runs in a stage that installs the CPU wheel (and where a missing torch fails, never skips).
+"""
 
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ def test_llama_8b_config_gives_its_known_size() -> None:
     assert shape.kv_bytes_per_token(shape.layers) == 128 * 1024 and shape.eos_token_id == 128009
 
 
+@pytest.mark.calibrate
 def test_decode_attention_folds_query_groups_exactly() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from benchmarks.calibrate.llama import Decoder
 
     shape = LlamaShape.from_config(json.loads((CONFIGS / "tiny.json").read_text()))
@@ -52,8 +58,8 @@ def test_decode_attention_folds_query_groups_exactly() -> None:
     assert decoder.plain_step(tokens).shape == (2,) and decoder.eagle_step(tokens, x, 3).shape == (8,)
 
 
+@pytest.mark.calibrate
 def test_gpu_mode_runs_on_cpu_and_writes_a_profile_the_sim_loads(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
     from benchmarks.calibrate import gpu
 
     gpu.main(
@@ -69,6 +75,8 @@ def test_gpu_mode_runs_on_cpu_and_writes_a_profile_the_sim_loads(tmp_path: Path)
     assert p.eagle.step_ms(1) == pytest.approx(raw["steps"][0]["eagle_ms"], abs=1e-3)
     assert (p.eagle.tau, p.eagle.num_draft_tokens, p.eagle.max_running_requests) == (3.0, 4, 48)
     assert p.plain.max_total_tokens > p.eagle.max_total_tokens  # the draft head and its KV take room
+    # The memory it measured at, which the simulator's memory model checks the tables against.
+    assert p.gpu_memory_gb > 0 and p.mem_fraction_static == 0.88 and p.target_weights_gb > 0 and p.draft_weights_gb > 0
 
 
 def _bench_line(concurrency: int | None, tpot: float, ttft: float = 20.0, prompt: int = 128, accept: float | None = None) -> str:

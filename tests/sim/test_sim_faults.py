@@ -106,6 +106,25 @@ def test_truncated_sse_ends_without_done(http: httpx.Client) -> None:
     assert entry["state"] == "aborted"
 
 
+@pytest.mark.parametrize("kind", ["drop_mid_stream", "stall_body"])
+def test_a_non_streamed_body_can_be_cut_or_stalled_halfway(http: httpx.Client, kind: str) -> None:
+    set_fault(http, kind=kind)
+    with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": False}, timeout=2.0) as resp:
+        assert resp.status_code == 200
+        declared = int(resp.headers["content-length"])
+        received = b""
+        with pytest.raises(httpx.RemoteProtocolError if kind == "drop_mid_stream" else httpx.ReadTimeout):
+            for piece in resp.iter_raw():
+                received += piece
+    assert len(received) == declared // 2
+
+
+def test_garbage_sse_makes_a_non_streamed_body_not_json(http: httpx.Client) -> None:
+    set_fault(http, kind="garbage_sse")
+    resp = http.post("/v1/chat/completions", json={**CHAT, "stream": False})
+    assert resp.status_code == 200 and resp.content == b"{this is not json"
+
+
 def test_hang_answers_nothing_until_cleared(http: httpx.Client) -> None:
     with http.stream("POST", "/v1/chat/completions", json={**CHAT, "max_tokens": 400}) as running:
         lines = running.iter_lines()

@@ -40,7 +40,10 @@ def test_sigterm_drains_running_requests_then_exits_zero(sims: SimFactory) -> No
         lines = resp.iter_lines()
         next(lines)
         sim.signal(signal.SIGTERM)
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while "draining 1 requests" not in sim.log():  # logged once it has stopped reporting ready
+            assert time.monotonic() < deadline, sim.log()
+            time.sleep(0.01)
         assert httpx.get(sim.url() + "/ready").status_code == 503
         assert httpx.get(sim.url() + "/health").status_code == 503
         rest = [line for line in lines if line.startswith("data: ")]
