@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class PoolSnapshot:
     """An immutable picture of the pool at one instant; policies are functions of it."""
 
     backends: tuple[BackendView, ...]
-    at: float = 0.0  # the pool's clock when it was taken
+    at: float = field(default=0.0, compare=False)  # the pool's clock when it was taken (not part of the state)
     pending: int = 0  # requests that have arrived and wait for their routing decision
 
     @property

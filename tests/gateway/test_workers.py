@@ -99,7 +99,7 @@ def test_the_health_checkers_engine_loads_reach_every_worker(board: LoadBoard) -
 def test_a_worker_further_behind_than_the_ring_skips_the_oldest_records_in_order(board: LoadBoard) -> None:
     writer, reader = _attach(board, 0), _attach(board, 1)
     assert reader.unread() == []
-    records = [(n % 2, n, 0.5, 1.0, 2.0, 2.0, 3) for n in range(RING + 10)]  # the ring wraps around
+    records = [(n % 2, n, 0.5, 1.0, 2.0, 2.0, 3, 100, 40) for n in range(RING + 10)]  # the ring wraps around
     for record in records:
         writer.publish(record)
     kept = reader.unread()
