@@ -17,7 +17,6 @@ servers saturated (their running cap in flight) on the workload's mean lengths, 
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -182,17 +181,3 @@ def run_family(
         return [_run(task) for task in tasks]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(_run, tasks, chunksize=1))
-
-
-def worst(cells: Sequence[Cell], name: str) -> float | None:
-    """The worst value of bound `name` over `cells` (None where none measured it)."""
-    checks = [c for cell in cells for c in cell.checks if c.name == name and c.worst is not None]
-    if not checks:
-        return None
-    values = [c.worst for c in checks if c.worst is not None]
-    return min(values) if checks[0].op == ">=" else max(values)
-
-
-def finite(value: float | None) -> bool:
-    """A measured, finite number."""
-    return value is not None and math.isfinite(value)
