@@ -117,19 +117,27 @@ def cell(value: float | None) -> str:
     return f"**{text}**" if abs(value - 1.0) > AGREE else text
 
 
-def compare(mine: ResultsDocument, theirs: ResultsDocument) -> tuple[list[str], dict[str, tuple[float, str]]]:
-    """A table of `mine` / `theirs` per level, target and metric, and per metric the worst ratio (farthest from 1)."""
-    scales = (scale_of(mine), scale_of(theirs))
+def compare(mine: ResultsDocument, *theirs: ResultsDocument) -> tuple[list[str], dict[str, tuple[float, str]]]:
+    """A table of `mine` / `theirs` per level, target and metric (with several `theirs`, the ratio to the nearest),
+    and per metric the worst ratio (farthest from 1)."""
     lines = ["| level | target | " + " | ".join(m.name for m in METRICS) + " |", "|---|---|" + "---|" * len(METRICS)]
     worst: dict[str, tuple[float, str]] = {}
-    for level_mine, level_theirs in zip(mine.levels, theirs.levels, strict=True):
-        for name in level_theirs.targets:
-            values = [ratio(level_mine, level_theirs, name, m, scales) for m in METRICS]
-            lines.append(f"| {level_theirs.label} | {name} | " + " | ".join(cell(v) for v in values) + " |")
+    for level_mine, *levels_theirs in zip(mine.levels, *(t.levels for t in theirs), strict=True):
+        for name in levels_theirs[0].targets:
+            values = [_nearest([ratio(level_mine, level, name, m, (scale_of(mine), scale_of(doc)))
+                                for level, doc in zip(levels_theirs, theirs, strict=True)]) for m in METRICS]
+            label = levels_theirs[0].label
+            lines.append(f"| {label} | {name} | " + " | ".join(cell(v) for v in values) + " |")
             for metric, value in zip(METRICS, values, strict=True):
                 if value is not None and (metric.name not in worst or abs(value - 1) > abs(worst[metric.name][0] - 1)):
-                    worst[metric.name] = (value, f"{level_theirs.label} {name}")
+                    worst[metric.name] = (value, f"{label} {name}")
     return [*lines, ""], worst
+
+
+def _nearest(values: list[float | None]) -> float | None:
+    """The ratio closest to 1 (None where none was measured)."""
+    measured = [v for v in values if v is not None]
+    return min(measured, key=lambda v: abs(v - 1.0)) if measured else None
 
 
 def describe(run: Run, real: ResultsDocument, hops: dict[str, float], fitted: bool, commands: tuple[str, str]) -> list[str]:
@@ -191,6 +199,10 @@ def main(out: Path | None, work_dir: Path | None, reuse: bool, run_names: str) -
             sections += ["The same real-time envelope run again, against the first run (real / real): how far the "
                          f"harness's own runs are apart (its self-check: {check}).", "", *table]
             headline.append(headline_row(f"{run.name}: real run again / real", worst))
+            table, worst = compare(model, real, again)
+            sections += ["vnode against whichever of the two real runs is nearer, per level, target and metric.", "",
+                         *table]
+            headline.append(headline_row(f"{run.name}: vnode / the nearer real run", worst))
     text = "\n".join([
         "# vnode against the real-time envelope",
         "",
