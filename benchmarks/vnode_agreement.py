@@ -1,23 +1,18 @@
 """Benchmark: does the virtual-time model (vnode) agree with the real-time envelope it models?
 
 Each run is one same-hardware envelope twice, with the same options: `python -m loadtest envelope`
-(real simulators, the real gateway and balancer, HTTP, on the wall clock at the envelope's own time
-scale) and `python -m vnode envelope` (the same engine cores in virtual time). Per level and target
-it reports vnode / real for output throughput, TPOT p50, TTFT p50 and E2E p50, the real figures
-converted to time scale 1 (throughput times the scale, latencies divided by it).
-
-What the model is given that it cannot know: the real stack's request path (client, balancer or
-gateway, the simulator's HTTP layer) adds a fixed latency per request on this machine. vnode models
-it as a hop each way (`--hop-ms`), fitted per target at the first closed-loop level (C=1, where
-nothing queues: half the real TTFT p50 over the model's without a hop) and reused for the open-loop
-run of the same profile; every other level and metric is a prediction. The real gateway runs one
-worker (`SPECGATE_SERVER__WORKERS=1`): vnode models one gateway process, while the default on this
-2-core machine is two, each with its own policy, exploring and probing on its own.
+(real simulators, gateway and balancer over HTTP, at the envelope's own time scale) and `python -m
+vnode envelope`. Per level and target it reports vnode / real for output throughput, TPOT p50, TTFT
+p50 and E2E p50, the real figures converted to time scale 1. The real request path's fixed latency
+is given to vnode as a hop each way (`--hop-ms`), fitted per target at C=1 (half the real TTFT p50
+over the hop-less model's) and reused for the open-loop run; everything else is a prediction. The
+real gateway runs one worker (`SPECGATE_SERVER__WORKERS=1`), as vnode models it; the default on this
+2-core machine is two, each with its own policy. field-8gpu's closed loop runs twice in real time,
+to show how far two real runs are apart.
 
     python benchmarks/vnode_agreement.py --out docs/benchmarks/vnode-agreement.md
 
-`--work-dir` keeps both envelopes' outputs; `--reuse` takes real-time results already there (the
-real runs take about 25 minutes on 2 cores; the model's, seconds).
+`--work-dir` keeps the outputs, `--reuse` takes real-time results already there (about 30 minutes).
 """
 
 from __future__ import annotations
