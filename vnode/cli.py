@@ -188,12 +188,14 @@ def _members(text: str) -> list[Member]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--input-len", type=click.IntRange(min=1), default=Scale.input_len, show_default=True)
 @click.option("--output-len", type=click.IntRange(min=2), default=Scale.output_len, show_default=True)
+@click.option("--requests-factor", type=click.IntRange(min=1), default=1, show_default=True,
+              help="send this many times the requests (steadier statistics, that many times the run time)")
 @click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
               help="policy parameter (repeatable), e.g. adaptive_probe_every=400")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write every cell's checks here (JSON)")
 def family_command(member_text: str, workload_text: str, jobs: int | None, seed: int, input_len: int, output_len: int,
-                   policy_params: tuple[str, ...], out_file: Path | None) -> None:
+                   requests_factor: int, policy_params: tuple[str, ...], out_file: Path | None) -> None:
     """Every member of the profile family under every workload; the worst ratio per bound, and what fails."""
     chosen = _members(member_text)
     names = [w.strip() for w in workload_text.split(",") if w.strip()]
@@ -205,7 +207,8 @@ def family_command(member_text: str, workload_text: str, jobs: int | None, seed:
     except ValueError as exc:
         raise bad_parameter("--policy-param", exc) from None
     began = time.perf_counter()
-    cells = run_family(chosen, names, scale=replace(Scale(), input_len=input_len, output_len=output_len), seed=seed,
+    scale = replace(Scale(), input_len=input_len, output_len=output_len).times(requests_factor)
+    cells = run_family(chosen, names, scale=scale, seed=seed,
                        jobs=jobs or len(os.sched_getaffinity(0)), policy_params=params)
     seconds = time.perf_counter() - began
     table_console().print(family_table(cells))

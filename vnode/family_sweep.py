@@ -17,12 +17,11 @@ servers saturated (their running cap in flight) on the workload's mean lengths, 
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from backends.sim.profiles import Profile
@@ -56,6 +55,11 @@ class Scale:
     closed_min: int = 16
     open_requests: int = 200
     step_requests: int = 400
+
+    def times(self, factor: int) -> Scale:
+        """`factor` times the requests, lengths unchanged (steadier statistics, `factor` times the run time)."""
+        return replace(self, closed_per_slot=self.closed_per_slot * factor, closed_min=self.closed_min * factor,
+                       open_requests=self.open_requests * factor, step_requests=self.step_requests * factor)
 
 
 @dataclass(frozen=True)
@@ -184,17 +188,3 @@ def run_family(
         return [_run(task) for task in tasks]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(_run, tasks, chunksize=1))
-
-
-def worst(cells: Sequence[Cell], name: str) -> float | None:
-    """The worst value of bound `name` over `cells` (None where none measured it)."""
-    checks = [c for cell in cells for c in cell.checks if c.name == name and c.worst is not None]
-    if not checks:
-        return None
-    values = [c.worst for c in checks if c.worst is not None]
-    return min(values) if checks[0].op == ">=" else max(values)
-
-
-def finite(value: float | None) -> bool:
-    """A measured, finite number."""
-    return value is not None and math.isfinite(value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,7 +65,7 @@ class TargetSpec:
         """
         profile = _profile(self.sim)
         slots = plan_layout(self.sim, profile)
-        text = PseudoText(self.sim.seed)
+        text = _text(self.sim.seed)
         names = [b.name for b in self.gateway.backends] if self.gateway else [f"{self.name}-{i}" for i in range(len(slots))]
         router = router or self._router(names, lambda: events.now)
         node = Node(events, router, text, profile.context_length, names if self.gateway else [None] * len(names), hop)
@@ -83,6 +84,11 @@ class TargetSpec:
             return LeastInFlightRouter(names)
         return GatewayRouter(make_policy(gateway.policy), gateway.backends, clock, inflight_limit=gateway.inflight_limit,
                              flex_share=gateway.policy.tier_flex_inflight_share)
+
+
+@lru_cache(maxsize=8)  # read-only once built, and 20 ms to build: every node of a process shares its seed's
+def _text(seed: int) -> PseudoText:
+    return PseudoText(seed)
 
 
 def _profile(sim: SimSettings) -> Profile:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import orjson
 import pytest
+from click.testing import CliRunner
 
 from backends.sim.profiles import load_profile
 from loadtest.workloads.lengths import LengthDist
+from vnode.cli import main
 from vnode.family import BASE_PROFILE, CROSSOVERS, GROUPS, Member, family, members
 from vnode.family_sweep import WORKLOADS, Scale, cell_document, plain_capacity
 
@@ -69,3 +72,14 @@ def test_a_sample_of_the_family_runs_every_workload_end_to_end(member: Member) -
                 assert all(math.isfinite(v) for v in (stats.output_tok_s, stats.ttft.p50, stats.e2e.p99)), (name, target)
             ratios = [v for k, v in level.ratios.items() if k.endswith("ratio")]
             assert ratios and all(v is not None and math.isfinite(v) and v > 0 for v in ratios), (name, level.label)
+
+
+def test_the_family_command_prints_each_cell_and_writes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "family.json"
+    result = CliRunner().invoke(main, ["family", "--members", "x8-s2-line-k1", "--workloads", "step", "--jobs", "1",
+                                       "--output-len", "8", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "x8-s2-line-k1" in result.output and "1 members x 1 workloads" in result.output
+    cells = orjson.loads(out.read_bytes())["cells"]
+    assert [(c["member"], c["workload"]) for c in cells] == [("x8-s2-line-k1", "step")]
+    assert {c["name"] for c in cells[0]["checks"]} == {"e2e_p50_ratio", "e2e_p99_ratio", "failed_requests"}
