@@ -15,9 +15,9 @@ from typing import Any
 from gateway.config import BackendConfig, Settings
 from gateway.edge.descriptors import DescriptorBudget, current_budget
 from gateway.metrics import GatewayMetrics
-from gateway.policies import Completion, Policy
+from gateway.policies import Completion, Policy, Progress
 from gateway.pool.affinity import ResponseHomes, RidTable
-from gateway.pool.backends import Backend, Pool
+from gateway.pool.backends import Backend, DecodeWindow, Pool
 from gateway.pool.board import Board
 from gateway.pool.health import HealthChecker
 from gateway.pool.prefix import PrefixEstimate
@@ -130,11 +130,19 @@ class Runtime:
         self.pool.board.publish(_record(self.pool[completion.backend].index, completion))
         self.catch_up()
 
+    def progress(self, backend: str, window: DecodeWindow) -> None:
+        """Record a stretch of a response still streaming for every worker's policy; learned at the next
+        catch-up (off the relay's path)."""
+        self.pool.board.publish(_progress_record(self.pool[backend].index, window))
+
     def catch_up(self) -> None:
-        """Teach the policy the completions recorded since the last call (in publication order)."""
+        """Teach the policy the completions and progress recorded since the last call (in publication order)."""
         names = self.pool.names
         for record in self.pool.board.unread():
-            self.policy.observe(_completion(names, record))
+            if record[1] == 0.0:  # no output tokens: a progress record (a completion has at least two)
+                self.policy.paced(_progress(names, record))
+            else:
+                self.policy.observe(_completion(names, record))
 
     async def _keep_caught_up(self) -> None:
         while True:
@@ -168,6 +176,16 @@ def _record(index: int, c: Completion) -> tuple[float, ...]:
         index, c.output_tokens, c.ttft, c.decode_seconds, c.mean_inflight, c.mean_group_inflight, c.token_chunks,
         c.prompt_tokens, c.cached_tokens,
     )
+
+
+def _progress_record(index: int, w: DecodeWindow) -> tuple[float, ...]:
+    """A stretch of a stream as a board record: a completion's layout with no output tokens."""
+    return (index, 0.0, 0.0, w.seconds, w.mean_inflight, w.mean_group_inflight, w.chunks, 0.0, 0.0)
+
+
+def _progress(names: list[str], record: tuple[float, ...]) -> Progress:
+    index, _, _, seconds, inflight, group_inflight, chunks, _, _ = record
+    return Progress(names[int(index)], seconds, int(chunks), inflight, group_inflight)
 
 
 def _completion(names: list[str], record: tuple[float, ...]) -> Completion:

@@ -2,10 +2,11 @@
 
 Per request, what `gateway/proxy/admission.py` and `exchange.py` do: the in-flight limit and the
 service tier's admission, then `route(policy, pool.snapshot(), tier=...)`, `Pool.acquire` (with the
-request's `max_tokens`) and `policy.routed`; `Slot.mark_token` per token-bearing chunk; at the end
-the usage (`Pool.record_output`) and, for a stream of at least two tokens, the `Completion` the
-relay builds from the slot's decode window, learned then (one worker: the board's ring replays each
-completion to the policy as it is recorded); the slot is released last. The pool runs on the
+request's `max_tokens`) and `policy.routed`; `Slot.mark_token` per token-bearing chunk, each stretch
+of progress it reports learned at once; at the end the usage (`Pool.record_output`) and, for a
+stream of at least two tokens, the `Completion` the relay builds from the slot's decode window,
+learned then (one worker: the board's ring replays each record to the policy as it is recorded); the
+slot is released last. The pool runs on the
 model's clock; every backend is ready from the start, as the envelope waits for them to be.
 """
 
@@ -15,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import OpenAIError
-from gateway.policies import Completion, Policy, route
-from gateway.pool.backends import Backend, Health, Pool, Slot
+from gateway.policies import Completion, Policy, Progress, route
+from gateway.pool.backends import Backend, DecodeWindow, Health, Pool, Slot
 from gateway.tiers import DEFAULT, admit_tier, requested_tier
 from vnode.requests import Request
 from vnode.router import Refused
@@ -80,9 +81,13 @@ class GatewayRouter:
         if decision is None:
             raise Refused(503, "no backend is ready to serve")
         slot = pool.acquire(decision.backend, request.max_tokens)
+        slot.on_progress = self._progress
         self.policy.routed(snapshot, decision)
         self._flights[request.rid] = _Flight(slot, now)
         return self._index[decision.backend]
+
+    def _progress(self, backend: str, window: DecodeWindow) -> None:
+        self.policy.paced(Progress(backend, window.seconds, window.chunks, window.mean_inflight, window.mean_group_inflight))
 
     def chunk(self, request: Request, now: float, tokens: int) -> None:
         flight = self._flights[request.rid]

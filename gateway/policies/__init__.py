@@ -67,6 +67,18 @@ class Completion:
     cached_tokens: int = 0  # prompt tokens the backend reported it took from its prefix cache
 
 
+@dataclass(frozen=True)
+class Progress:
+    """A stretch of a response still streaming, fed back as it goes (a long response teaches before it
+    ends): `chunks` token-bearing chunks over `seconds` on `backend`, under the mean loads shown."""
+
+    backend: str
+    seconds: float
+    chunks: int
+    mean_inflight: float
+    mean_group_inflight: float
+
+
 class Policy(ABC):
     """Routing policy interface."""
 
@@ -90,6 +102,9 @@ class Policy(ABC):
 
     def observe(self, completion: Completion) -> None:  # noqa: B027 - static policies learn nothing
         """Learn from a finished response."""
+
+    def paced(self, progress: Progress) -> None:  # noqa: B027 - static policies learn nothing
+        """Learn from a stretch of a response still streaming (the response's `Completion` follows)."""
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:  # noqa: B027 - static policies need no live view
         """Give the policy a live view of the pool, for beliefs that depend on the current load."""

@@ -27,6 +27,9 @@ from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 
 OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
+# A streaming response tells its slot's listener of its pace every this many token-bearing chunks: a
+# few steps, so the load barely moves within one, and a 64-token response reports more than once.
+PROGRESS_CHUNKS = 8
 
 Clock = Callable[[], float]  # seconds, monotonic
 log = logging.getLogger("specgate.pool")
@@ -52,6 +55,7 @@ class DecodeWindow:
     seconds: float
     mean_inflight: float  # its backend's mean in-flight count over the window
     mean_group_inflight: float  # the same for all backends of that backend's group
+    chunks: int = 0  # token-bearing chunks that arrived after the window opened (its steps)
 
 
 @dataclass
@@ -141,7 +145,8 @@ class Slot:
     """
 
     __slots__ = (
-        "backend", "weight", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected", "_chunks"
+        "backend", "weight", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected",
+        "_chunks", "_mark", "on_progress",
     )
 
     def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1) -> None:
@@ -156,6 +161,10 @@ class Slot:
         # (time, backend load area, group load area) at the first token; the latest token's time.
         self._first: tuple[float, float, float] | None = None
         self._last_at = 0.0
+        # Told of every PROGRESS_CHUNKS chunks while the response streams (None: nobody listens); the
+        # current stretch's start: (time, backend load area, group load area, chunks relayed by then).
+        self.on_progress: Callable[[str, DecodeWindow], None] | None = None
+        self._mark: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)
 
     @property
     def released(self) -> bool:
@@ -191,11 +200,24 @@ class Slot:
         """A chunk carrying generated tokens arrived at `now` (on the pool's clock)."""
         if self._first is None:
             self._first = (now, *self._areas(now))
+            self._mark = (*self._first, self._chunks + 1)
+        elif self.on_progress is not None and self._chunks + 1 - self._mark[3] >= PROGRESS_CHUNKS:
+            self._progress(now, self._chunks + 1)
         self._last_at = now
         self._chunks += 1
         backend = self.backend  # the backend's count inline, one board cell: a call less per chunk
         backend.relayed_chunks += 1
         backend.board.write(backend.index, CHUNKS, backend.relayed_chunks)
+
+    def _progress(self, now: float, chunks: int) -> None:
+        """Close the stretch at the chunk that arrived at `now` (the slot's `chunks`-th) and open the next."""
+        t0, area0, group0, chunks0 = self._mark
+        area1, group1 = self._areas(now)
+        self._mark = (now, area1, group1, chunks)
+        seconds = now - t0
+        if seconds > 0.0 and self.on_progress is not None:
+            window = DecodeWindow(seconds, (area1 - area0) / seconds, (group1 - group0) / seconds, chunks - chunks0)
+            self.on_progress(self.backend.name, window)
 
     def _areas(self, at: float) -> tuple[float, float]:
         backend = self.backend
@@ -325,7 +347,10 @@ class Pool:
     def snapshot(self) -> PoolSnapshot:
         """The current state as plain data for a policy."""
         self.sync()
-        return PoolSnapshot(tuple(b._view() for b in self._backends.values()), self.clock(), self.pending)
+        now = self.clock()
+        backends = self._backends.values()
+        area = sum(b.load_area(now) for b in backends)
+        return PoolSnapshot(tuple(b._view() for b in backends), now, self.pending, area)
 
     def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
         """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per

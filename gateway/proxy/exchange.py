@@ -3,7 +3,7 @@
 `ProxyResponse` is an ASGI response that owns the whole upstream exchange, so everything tied to the
 request's lifetime lives in one `try/finally`: the in-flight slot (released there and nowhere
 else), the upstream connection and the metrics. What a response teaches the policy (its decode
-window and the load it ran under) is measured by the slot. When the client leaves first (even while
+window and the load it ran under, and every few chunks its pace so far) is measured by the slot. When the client leaves first (even while
 SGLang is still queueing or prefilling and has sent no header yet) the exchange is cancelled, which
 closes the upstream connection, which makes SGLang abort the request.
 """
@@ -284,6 +284,8 @@ class ProxyResponse(Response):
         )
         self._status = "200"
         self._streaming = True
+        if slot.weight == 1:  # a batch's chunks interleave several sequences: no pace of one
+            slot.on_progress = rt.progress
         rt.pacer.streams += 1
         try:
             result = await job.dialect.relay(

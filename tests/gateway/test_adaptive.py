@@ -12,20 +12,20 @@ import math
 import pytest
 
 from gateway.config import PolicyConfig
-from gateway.policies import Completion, Decision, route
+from gateway.policies import Completion, Decision, Progress, route
 from gateway.policies.adaptive import AdaptivePolicy
-from gateway.policies.adaptive.fit import Fit
+from gateway.policies.adaptive.fit import TpotCurve, TpotLine
 from gateway.policies.adaptive.policy import SPEC_PRIOR
 from gateway.policies.factory import make_policy
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 
 MS = 1e-3
 # field-8gpu's lines (calibration.md), seconds: EAGLE (5.82 + 8.47n)/3, plain 4.53 + 1.294n.
-FIELD_EAGLE = Fit(1.94 * MS, 8.47 / 3 * MS)
-FIELD_PLAIN = Fit(4.53 * MS, 1.294 * MS)
+FIELD_EAGLE = TpotLine(1.94 * MS, 8.47 / 3 * MS)
+FIELD_PLAIN = TpotLine(4.53 * MS, 1.294 * MS)
 # llama8b-h100's: EAGLE (10.71 + 0.149n)/2.9, plain 6.27 + 0.045n.
-LLAMA_EAGLE = Fit(10.71 / 2.9 * MS, 0.149 / 2.9 * MS)
-LLAMA_PLAIN = Fit(6.27 * MS, 0.045 * MS)
+LLAMA_EAGLE = TpotLine(10.71 / 2.9 * MS, 0.149 / 2.9 * MS)
+LLAMA_PLAIN = TpotLine(6.27 * MS, 0.045 * MS)
 
 
 def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True, group: str = "") -> PoolSnapshot:
@@ -40,7 +40,7 @@ def shared(eagle: int, plain: int) -> PoolSnapshot:
     return snap(eagle, plain, group="g0")
 
 
-def completion(backend: str, line: Fit, n: float, tokens: int = 129, others: float = 0.0) -> Completion:
+def completion(backend: str, line: TpotLine, n: float, tokens: int = 129, others: float = 0.0) -> Completion:
     """A response that decoded at `line`'s TPOT with `n` in flight on its backend, `others` on the rest."""
     decode = line.at(n) * (tokens - 1)
     return Completion(backend, tokens, ttft=0.02, decode_seconds=decode, mean_inflight=n, mean_group_inflight=n + others)
@@ -53,7 +53,7 @@ def decide(policy: AdaptivePolicy, snapshot: PoolSnapshot) -> Decision:
     return decision
 
 
-def trained(eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
+def trained(eagle: TpotLine, plain: TpotLine, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
     """A policy that has seen `points` exact responses per backend at loads 1..16, spread evenly."""
     policy = AdaptivePolicy(**kwargs)  # type: ignore[arg-type]
     decide(policy, snap(0, 0))  # learns which backend is the speculative one
@@ -76,21 +76,23 @@ def steady(policy: AdaptivePolicy, eagle: int, plain: int) -> Decision:
     return policy.choose(shared(eagle, plain) if policy.colocated else snap(eagle, plain))
 
 
+def curve_at(policy: AdaptivePolicy, backend: str, n: float) -> float:
+    """The backend's learned TPOT at `n` in flight, from its measured points as /admin/status lists them."""
+    points = policy.beliefs()["backends"][backend]["points"]
+    return TpotCurve(tuple((p[0], p[1]) for p in points), 0.0, 0.0).at(n)
+
+
 def spec_factor(policy: AdaptivePolicy) -> float:
     """The speculation prior's factor on EAGLE's prediction, read from the beliefs of an idle pool."""
     policy.attach(lambda: snap(0, 0))
-    beliefs = policy.beliefs()
-    eagle = beliefs["backends"]["eagle"]
-    return beliefs["predicted_tpot_seconds"]["eagle"] / (eagle["alpha_seconds"] + eagle["beta_seconds_per_request"])
+    return policy.beliefs()["predicted_tpot_seconds"]["eagle"] / curve_at(policy, "eagle", 1)
 
 
-def test_fitted_lines_are_the_truth() -> None:
+def test_learned_curves_are_the_truth() -> None:
     policy = trained(FIELD_EAGLE, FIELD_PLAIN)
-    beliefs = policy.beliefs()["backends"]
-    assert beliefs["eagle"]["alpha_seconds"] == pytest.approx(FIELD_EAGLE.alpha, rel=1e-2)
-    assert beliefs["eagle"]["beta_seconds_per_request"] == pytest.approx(FIELD_EAGLE.beta, rel=1e-2)
-    assert beliefs["plain"]["alpha_seconds"] == pytest.approx(FIELD_PLAIN.alpha, rel=1e-2)
-    assert beliefs["plain"]["beta_seconds_per_request"] == pytest.approx(FIELD_PLAIN.beta, rel=1e-2)
+    for n in (1, 2, 3, 5, 8, 12, 16):
+        assert curve_at(policy, "eagle", n) == pytest.approx(FIELD_EAGLE.at(n), rel=1e-2)
+        assert curve_at(policy, "plain", n) == pytest.approx(FIELD_PLAIN.at(n), rel=1e-2)
 
 
 @pytest.mark.parametrize(
@@ -133,8 +135,8 @@ def test_crossover_is_where_the_lines_meet() -> None:
     # llama: 3.693 + 0.0514n = 6.27 + 0.045n at n = 2.577 / 0.00638 = 404.
     assert trained(LLAMA_EAGLE, LLAMA_PLAIN).crossover() == pytest.approx(404, rel=2e-2)
     # EAGLE faster at every load: never; plain faster at every load: from the start.
-    assert trained(Fit(1 * MS, 0.1 * MS), Fit(2 * MS, 0.2 * MS)).crossover() == math.inf
-    assert trained(Fit(3 * MS, 0.1 * MS), Fit(2 * MS, 0.1 * MS)).crossover() == 0.0
+    assert trained(TpotLine(1 * MS, 0.1 * MS), TpotLine(2 * MS, 0.2 * MS)).crossover() == math.inf
+    assert trained(TpotLine(3 * MS, 0.1 * MS), TpotLine(2 * MS, 0.1 * MS)).crossover() == 0.0
 
 
 def test_cap_sends_the_overflow_to_plain_even_when_eagle_is_faster() -> None:
@@ -241,15 +243,15 @@ def test_colocated_learns_only_from_responses_that_had_the_gpu_to_themselves() -
     before = policy.beliefs()["backends"]["plain"]
     # A plain response that decoded while EAGLE had 3 requests interleaved: three times slower.
     for _ in range(50):
-        policy.observe(completion("plain", Fit(FIELD_PLAIN.alpha * 3, FIELD_PLAIN.beta * 3), 1, others=3))
+        policy.observe(completion("plain", TpotLine(FIELD_PLAIN.alpha * 3, FIELD_PLAIN.beta * 3), 1, others=3))
     after = policy.beliefs()["backends"]["plain"]
-    assert after["alpha_seconds"] == before["alpha_seconds"]
+    assert after["points"] == before["points"]
     assert after["shared_skipped"] == 50
     # Partitioned, the same responses are the plain server's real TPOT and are learned.
     partitioned = trained(FIELD_EAGLE, FIELD_PLAIN)
     for _ in range(50):
-        partitioned.observe(completion("plain", Fit(FIELD_PLAIN.alpha * 3, FIELD_PLAIN.beta * 3), 1, others=3))
-    assert partitioned.beliefs()["backends"]["plain"]["alpha_seconds"] > 2 * FIELD_PLAIN.alpha
+        partitioned.observe(completion("plain", TpotLine(FIELD_PLAIN.alpha * 3, FIELD_PLAIN.beta * 3), 1, others=3))
+    assert curve_at(partitioned, "plain", 1) > 2 * FIELD_PLAIN.at(1)
 
 
 def test_colocated_probes_only_when_the_whole_gpu_is_idle() -> None:
@@ -280,7 +282,7 @@ def test_probes_that_agree_back_off_and_a_surprise_resets_them() -> None:
     assert policy.beliefs()["backends"]["plain"]["probe_interval"] == 160
     # A probe that finds plain 40% faster than believed: back to probing every 10 decisions.
     decisions_until_probe(policy)
-    policy.observe(completion("plain", Fit(LLAMA_PLAIN.alpha * 0.6, LLAMA_PLAIN.beta), 1))
+    policy.observe(completion("plain", TpotLine(LLAMA_PLAIN.alpha * 0.6, LLAMA_PLAIN.beta), 1))
     assert decisions_until_probe(policy) == 11
 
 
@@ -299,7 +301,7 @@ def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
         decide(policy, shared(3, 0))
     assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
     # EAGLE got busy while the probe decoded: its TPOT is not plain's own, and it taught nothing.
-    policy.observe(completion("plain", Fit(LLAMA_PLAIN.alpha * 3, LLAMA_PLAIN.beta), 1, others=20))
+    policy.observe(completion("plain", TpotLine(LLAMA_PLAIN.alpha * 3, LLAMA_PLAIN.beta), 1, others=20))
     plain = policy.beliefs()["backends"]["plain"]
     assert plain["shared_skipped"] == 1 and plain["probe_interval"] == 20
     for _ in range(20):
@@ -310,14 +312,15 @@ def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
 
 def test_no_colocated_probe_in_a_busy_spell() -> None:
     """A probe that lands on a group between bursts would mix the modes for its whole life."""
-    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)
-    policy.routed(shared(0, 0), Decision("eagle", "adaptive_predicted_faster"))  # both in group g0
-    for _ in range(30):  # a busy spell: the group has been carrying 16 at a time
-        policy.observe(completion("eagle", LLAMA_EAGLE, 16))
-    recent_traffic(policy)
-    for _ in range(10):
-        decide(policy, shared(3, 0))
-    assert decide(policy, shared(0, 0)) == Decision("eagle", "adaptive_predicted_faster")
+    policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)  # a life of about 0.5 s
+    views = (BackendView("eagle", True, True, 16, "g0"), BackendView("plain", False, True, 0, "g0"))
+    for step in range(40):  # two seconds of 16 requests in flight
+        policy.routed(PoolSnapshot(views, 0.05 * step, 0, 0.8 * step), Decision("eagle", "adaptive_predicted_faster"))
+    idle = (BackendView("eagle", True, True, 0, "g0"), BackendView("plain", False, True, 0, "g0"))
+    # A lull right after the spell: the group has been carrying 16, whatever it holds now.
+    assert policy.choose(PoolSnapshot(idle, 2.1, 0, 32.0)).reason != "adaptive_explore"
+    # Once it has been quiet for a few lives, the overdue probe goes.
+    assert policy.choose(PoolSnapshot(idle, 30.0, 0, 32.0)) == Decision("plain", "adaptive_explore")
 
 
 def test_a_relearn_or_an_outage_resets_the_probe_interval() -> None:
@@ -325,7 +328,7 @@ def test_a_relearn_or_an_outage_resets_the_probe_interval() -> None:
     recent_traffic(policy)
     backed_off(policy)
     # EAGLE's acceptance drops (TPOT +50%): once its fit re-learns, plain is worth checking again.
-    slower = Fit(LLAMA_EAGLE.alpha * 1.5, LLAMA_EAGLE.beta * 1.5)
+    slower = TpotLine(LLAMA_EAGLE.alpha * 1.5, LLAMA_EAGLE.beta * 1.5)
     for i in range(100):
         policy.observe(completion("eagle", slower, 1 + i % 16))
     backends = policy.beliefs()["backends"]
@@ -357,11 +360,11 @@ def test_speculation_prior_fades_with_evidence() -> None:
     policy = AdaptivePolicy()
     decide(policy, snap(0, 0))
     # One short, unlucky EAGLE warm-up response (5% slower than plain) and one plain response.
-    policy.observe(completion("eagle", Fit(6.1 * MS, 0.0), 1, tokens=16))
-    policy.observe(completion("plain", Fit(5.82 * MS, 0.0), 1, tokens=16))
+    policy.observe(completion("eagle", TpotLine(6.1 * MS, 0.0), 1, tokens=16))
+    policy.observe(completion("plain", TpotLine(5.82 * MS, 0.0), 1, tokens=16))
     assert steady(policy, 0, 0).backend == "eagle"  # the prior outweighs one short response
     for _ in range(5):
-        policy.observe(completion("eagle", Fit(6.1 * MS, 0.0), 1))
+        policy.observe(completion("eagle", TpotLine(6.1 * MS, 0.0), 1))
     assert steady(policy, 0, 0).backend == "plain"  # real evidence outweighs the prior
     assert spec_factor(policy) > 1 - SPEC_PRIOR / 5
 
@@ -405,3 +408,22 @@ def test_configured_through_the_policy_table() -> None:
 def test_bad_parameters_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         AdaptivePolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_streams_progress_teaches_the_curve_before_it_ends() -> None:
+    policy = AdaptivePolicy(colocated=True)
+    decide(policy, shared(0, 0))  # learns which backend is which
+    # EAGLE's chunks carry several tokens: until a completion says how many, its stretches are not read.
+    policy.paced(Progress("eagle", 0.08, 8, 4.0, 4.0))
+    assert policy.beliefs()["backends"]["eagle"]["observations"] == 0
+    policy.observe(Completion("eagle", 30, 0.02, 0.3, 1.0, 1.0, token_chunks=10))  # 30 tokens in 10 chunks: tau 3
+    # Eight steps at four in flight, 24 tokens in 0.24 s: 10 ms per token at 4.
+    policy.paced(Progress("eagle", 0.24, 8, 4.0, 4.0))
+    assert curve_at(policy, "eagle", 4) == pytest.approx(0.010)
+    # A stretch decoded beside the other server's requests is not this server's own pace.
+    before = policy.beliefs()["backends"]["eagle"]["observations"]
+    policy.paced(Progress("eagle", 0.5, 8, 4.0, 7.0))
+    assert policy.beliefs()["backends"]["eagle"]["observations"] == before
+    # Plain decode streams a token per chunk: its stretches count from the first.
+    policy.paced(Progress("plain", 0.06, 8, 3.0, 3.0))
+    assert curve_at(policy, "plain", 3) == pytest.approx(0.06 / 8)

@@ -11,9 +11,9 @@ import pytest
 
 from gateway.policies import Completion, Decision, route
 from gateway.policies.adaptive import AdaptivePolicy
-from gateway.policies.adaptive.fit import Fit
-from gateway.policies.adaptive.policy import RECENT_LOAD_RATE
-from gateway.policies.adaptive.rules import BackendState, TpotLine
+from gateway.policies.adaptive.fit import TpotLine
+from gateway.policies.adaptive.forecast import RISE_AHEAD, RISE_WINDOW
+from gateway.policies.adaptive.rules import BackendState
 from gateway.policies.adaptive.rules import choose as group_choose
 from gateway.pool.backends import Backend, Pool
 from gateway.pool.snapshot import BackendView, PoolSnapshot
@@ -34,14 +34,14 @@ def groups(*loads: tuple[int, int], **extra: BackendView) -> PoolSnapshot:
     return PoolSnapshot(tuple(views))
 
 
-def completion(backend: str, line: Fit, n: float, *, tokens: int = 129, chunks: int = 0, group_load: float | None = None) -> Completion:
+def completion(backend: str, line: TpotLine, n: float, *, tokens: int = 129, chunks: int = 0, group_load: float | None = None) -> Completion:
     decode = line.at(n) * (tokens - 1)
     load = n if group_load is None else group_load
     return Completion(backend, tokens, 0.02, decode, mean_inflight=n, mean_group_inflight=load, token_chunks=chunks)
 
 
-def trained(k: int, eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
-    """K groups, each backend fitted exactly to its profile line (loads 1..16), recent loads near 1."""
+def trained(k: int, eagle: TpotLine, plain: TpotLine, *, points: int = 400, **kwargs: object) -> AdaptivePolicy:
+    """K groups, each backend fitted exactly to its profile line (loads 1..16), every group last sent to EAGLE."""
     policy = AdaptivePolicy(**kwargs)  # type: ignore[arg-type]
     idle = groups(*[(0, 0)] * k)
     policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))  # learns each backend's group and kind
@@ -50,12 +50,9 @@ def trained(k: int, eagle: Fit, plain: Fit, *, points: int = 400, **kwargs: obje
         for g in range(k):
             policy.observe(completion(f"g{g}-eagle", eagle, n))
             policy.observe(completion(f"g{g}-plain", plain, n))
-    for _ in range(30):  # then a quiet spell: each group's recent load settles near 1
-        for g in range(k):
-            policy.observe(completion(f"g{g}-plain", plain, 1))
-    for g in range(k):  # every backend just had traffic: no probe is due
-        policy.routed(idle, Decision(f"g{g}-eagle", "adaptive_predicted_faster"))
+    for g in range(k):  # every backend just had traffic (no probe is due), EAGLE last
         policy.routed(idle, Decision(f"g{g}-plain", "adaptive_predicted_faster"))
+        policy.routed(idle, Decision(f"g{g}-eagle", "adaptive_predicted_faster"))
     return policy
 
 
@@ -83,7 +80,7 @@ def test_noisy_fits_of_identical_groups_do_not_pull_the_load_to_one_group() -> N
     for i in range(400):
         n = 1 + i % 16
         for g, skew in enumerate((0.85, 1.0, 1.15)):  # g0's EAGLE looks 15% faster, g2's 15% slower
-            policy.observe(completion(f"g{g}-eagle", Fit(LLAMA_EAGLE.alpha * skew, LLAMA_EAGLE.beta * skew), n))
+            policy.observe(completion(f"g{g}-eagle", TpotLine(LLAMA_EAGLE.alpha * skew, LLAMA_EAGLE.beta * skew), n))
             policy.observe(completion(f"g{g}-plain", LLAMA_PLAIN, n))
     for g in range(3):
         policy.routed(idle, Decision(f"g{g}-eagle", "adaptive_predicted_faster"))
@@ -109,20 +106,7 @@ def test_one_group_is_the_group_rule_on_its_own() -> None:
     assert policy.choose(groups((0, 0))).backend == "g0-eagle"
 
 
-def test_a_group_that_just_started_a_burst_on_eagle_stays_there() -> None:
-    """Rule 2: switching mode pays both servers' steps until EAGLE's requests drain, so a group whose
-    EAGLE requests have just started stays in EAGLE; once they are nearly done it switches."""
-    policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)
-    policy.observe(completion("g0-eagle", FIELD_EAGLE, 2, group_load=2.0))  # the group carried 2 recently
-    fresh = groups((2, 0), g0_eagle=view("g0", "eagle", 2, expected=256.0, chunks=0))
-    assert policy.choose(fresh) == Decision("g0-eagle", "adaptive_group_stay")
-    # 80 chunks at tau 3 (learned below): 240 of 256 tokens made, the requests are nearly done.
-    policy.observe(completion("g0-eagle", FIELD_EAGLE, 2, chunks=43, group_load=2.0))
-    done = groups((2, 0), g0_eagle=view("g0", "eagle", 2, expected=256.0, chunks=80))
-    assert policy.choose(done) == Decision("g0-plain", "adaptive_predicted_faster")
-
-
-def test_tau_recent_load_and_remaining_are_learned_from_completions() -> None:
+def test_tau_expected_load_and_remaining_are_learned() -> None:
     policy = AdaptivePolicy()
     snapshot = groups((0, 0), (0, 0))
     policy.routed(snapshot, Decision("g0-eagle", "adaptive_prior"))
@@ -133,8 +117,10 @@ def test_tau_recent_load_and_remaining_are_learned_from_completions() -> None:
     assert beliefs["backends"]["g0-eagle"]["tau"] == pytest.approx(3.0)
     assert beliefs["backends"]["g0-plain"]["tau"] == pytest.approx(1.0)
     g0 = beliefs["groups"]["g0"]
-    assert g0["recent_load"] == pytest.approx(2.0 + RECENT_LOAD_RATE * (4.0 - 2.0))
-    assert beliefs["groups"]["g1"]["recent_load"] is None  # nothing finished there yet
+    # The node's forecast shared over its two groups: two in flight and one more, and the rise since
+    # the one routing seen (one in flight after it) carried half a life ahead.
+    expected = (3 + (2 - 1) * RISE_AHEAD / RISE_WINDOW) / 2
+    assert g0["expected_load"] == beliefs["groups"]["g1"]["expected_load"] == pytest.approx(expected)
     assert g0["remaining"]["g0-eagle"] == pytest.approx(1.0 - 30 * 3.0 / 300.0)  # chunks x tau of expected
     assert g0["mode"] == "eagle" and beliefs["groups"]["g1"]["mode"] == "idle"
     assert g0["inflight"] == 2 and g0["backends"] == ["g0-eagle", "g0-plain"]
@@ -153,8 +139,8 @@ def test_a_probe_waits_until_its_group_is_idle() -> None:
 
 # h200-llama8b's measured steps (backends/sim/measured/h200-llama8b.toml, B=1 and B=256) as lines,
 # EAGLE at tau 3: EAGLE is faster at every load a group can reach.
-H200_EAGLE = Fit(6.53 / 3 * MS, (39.45 - 6.53) / 255 / 3 * MS)
-H200_PLAIN = Fit(5.24 * MS, (17.06 - 5.24) / 255 * MS)
+H200_EAGLE = TpotLine(6.53 / 3 * MS, (39.45 - 6.53) / 255 / 3 * MS)
+H200_PLAIN = TpotLine(5.24 * MS, (17.06 - 5.24) / 255 * MS)
 
 
 def test_no_probe_for_a_kind_the_fits_put_far_behind_at_every_load() -> None:

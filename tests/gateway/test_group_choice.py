@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.policies.adaptive.rules import BackendState, TpotLine, choose
+from gateway.policies.adaptive.fit import Curve, TpotCurve, TpotLine
+from gateway.policies.adaptive.rules import BackendState, GroupState, choose
 
 # field-8gpu's calibrated lines (ms per token): EAGLE step 5.82 + 8.47n at tau 3, plain 4.53 + 1.294n.
 # Their whole-load crossover is about 1.7 requests.
@@ -30,7 +31,7 @@ def backend(
     group: str,
     inflight: int,
     *,
-    line: TpotLine | None,
+    line: Curve | None,
     remaining: float = 1.0,
     available: bool = True,
     cap: int | None = None,
@@ -46,7 +47,7 @@ def test_a_lone_request_speculates() -> None:
 
 def test_a_lone_request_decodes_plain_when_the_group_has_been_carrying_more() -> None:
     # The burst's first request would mix modes for its whole life once the rest arrives.
-    assert choose([eagle(), plain()], {"g0": 4.0}) == ("plain-g0", "adaptive_predicted_faster")
+    assert choose([eagle(), plain()], {"g0": GroupState(4.0)}) == ("plain-g0", "adaptive_predicted_faster")
 
 
 def test_load_spreads_to_the_idle_group() -> None:
@@ -68,23 +69,39 @@ def test_identical_groups_balance_even_with_biased_lines() -> None:
 def test_the_group_does_not_mix_modes_while_its_requests_are_young() -> None:
     # One EAGLE request just started; plain would serve two faster, but switching now runs both
     # servers' steps for the rest of its life.
-    assert choose([eagle(inflight=1, remaining=0.99), plain()], {"g0": 1.0}) == ("eagle-g0", "adaptive_group_stay")
+    assert choose([eagle(inflight=1, remaining=0.99), plain()], {"g0": GroupState(1.0)}) == ("eagle-g0", "adaptive_group_stay")
 
 
 def test_the_group_switches_to_plain_when_its_eagle_requests_are_draining() -> None:
     backends = [eagle(inflight=1, remaining=0.02), plain()]
-    assert choose(backends, {"g0": 1.0}) == ("plain-g0", "adaptive_predicted_faster")
+    assert choose(backends, {"g0": GroupState(1.0)}) == ("plain-g0", "adaptive_group_switch")
 
 
 def test_the_group_switches_at_once_when_the_gain_is_large() -> None:
     # Eight young EAGLE requests: staying costs far more than mixing until they finish.
     backends = [eagle(inflight=8, remaining=0.9), plain()]
-    assert choose(backends, {"g0": 8.0}) == ("plain-g0", "adaptive_predicted_faster")
+    assert choose(backends, {"g0": GroupState(8.0)}) == ("plain-g0", "adaptive_group_switch")
 
 
-def test_without_history_the_group_switches_at_once() -> None:
-    # No recent load: nothing says the burst is over, so the group follows its load at once.
-    assert choose([eagle(inflight=1, remaining=0.99), plain()]) == ("plain-g0", "adaptive_predicted_faster")
+def test_a_switch_is_priced_against_the_requests_it_strands() -> None:
+    # Lines crossing at 3 requests (EAGLE 1 + n at tau 3, plain 2.5 + 0.5n): at 3.25 plain is 2% faster.
+    e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
+    young = [eagle(inflight=2, line=e, remaining=0.95), plain(line=p)]
+    assert choose(young, {"g0": GroupState(3.25)}) == ("eagle-g0", "adaptive_group_stay")
+    # Nearly drained, the same gain pays for the little mixing left.
+    drained = [eagle(inflight=2, line=e, remaining=0.05), plain(line=p)]
+    assert choose(drained, {"g0": GroupState(3.25)}) == ("plain-g0", "adaptive_group_switch")
+    # Further past the crossover the gain pays for a whole life of mixing.
+    assert choose(young, {"g0": GroupState(6.0)}) == ("plain-g0", "adaptive_group_switch")
+
+
+def test_a_request_is_priced_beside_the_other_modes_requests() -> None:
+    # g0's one EAGLE request is nearly done and g0 would switch, but the new plain request would take
+    # turns with its steps until it ends: g1, already plain with three, serves it faster.
+    e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
+    backends = [eagle("g0", 1, line=e, remaining=0.05), plain("g0", line=p), eagle("g1", line=e), plain("g1", 3, line=p)]
+    state = {"g0": GroupState(4.0, True), "g1": GroupState(4.0, False)}
+    assert choose(backends, state) == ("plain-g1", "adaptive_predicted_faster")
 
 
 def test_a_mixed_group_sends_to_the_mode_of_its_load() -> None:
@@ -95,17 +112,36 @@ def test_and_back_to_eagle_when_the_load_falls() -> None:
     # Lines crossing at 3 requests: EAGLE 1 + n, plain 2.5 + 0.5n (tau 3).
     e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
     young = [eagle(line=e), plain(inflight=1, line=p, remaining=0.99)]
-    assert choose(young, {"g0": 1.0}) == ("plain-g0", "adaptive_group_stay")
+    assert choose(young, {"g0": GroupState(1.0)}) == ("plain-g0", "adaptive_group_stay")
     draining = [eagle(line=e), plain(inflight=1, line=p, remaining=0.01)]
-    assert choose(draining, {"g0": 1.0}) == ("eagle-g0", "adaptive_predicted_faster")
-    assert choose([eagle(line=e), plain(inflight=4, line=p)], {"g0": 4.0})[0] == "plain-g0"
+    assert choose(draining, {"g0": GroupState(1.0)}) == ("eagle-g0", "adaptive_group_switch")
+    assert choose([eagle(line=e), plain(inflight=4, line=p)], {"g0": GroupState(4.0)})[0] == "plain-g0"
+
+
+def test_speculation_resumes_only_once_the_settled_load_is_light_too() -> None:
+    # An idle group that last ran plain: a lull after heavy traffic is not light traffic.
+    e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
+    backends = [eagle(line=e), plain(line=p)]
+    assert choose(backends, {"g0": GroupState(1.0, False, settled=8.0)}) == ("plain-g0", "adaptive_group_stay")
+    assert choose(backends, {"g0": GroupState(1.0, False, settled=1.5)}) == ("eagle-g0", "adaptive_group_switch")
+
+
+def test_speculation_is_not_trusted_past_where_it_was_measured() -> None:
+    # EAGLE measured at 1 to 4 requests, extrapolated flat enough to look faster at 16: a plain group
+    # carrying 16 does not turn to it; within its reach it would.
+    e = TpotCurve(((1.0, 1.0), (4.0, 1.3)), 0.1, 0.1)
+    p = TpotLine(2.5, 0.1)
+    backends = [eagle(line=e), plain(inflight=15, line=p, remaining=0.01)]
+    assert choose(backends, {"g0": GroupState(16.0, False, settled=16.0)}) == ("plain-g0", "adaptive_group_stay")
+    near = [eagle(line=e), plain(inflight=4, line=p, remaining=0.01)]
+    assert choose(near, {"g0": GroupState(5.0, False, settled=5.0)}) == ("eagle-g0", "adaptive_group_switch")
 
 
 def test_speculation_wins_at_every_load_on_llama() -> None:
     backends = [eagle(f"g{i}", 16, line=LLAMA_E, tau=2.9) for i in range(8)]
     backends += [plain(f"g{i}", line=LLAMA_P) for i in range(8)]
     backends[3] = eagle("g3", 15, line=LLAMA_E, tau=2.9)
-    assert choose(backends, {f"g{i}": 16.0 for i in range(8)}) == ("eagle-g3", "adaptive_predicted_faster")
+    assert choose(backends, {f"g{i}": GroupState(16.0) for i in range(8)}) == ("eagle-g3", "adaptive_predicted_faster")
 
 
 def test_the_eagle_cap_is_respected() -> None:
@@ -120,7 +156,7 @@ def test_the_eagle_cap_is_respected() -> None:
 def test_unavailable_backends_are_skipped() -> None:
     assert choose([eagle(available=False), plain()]) == ("plain-g0", "adaptive_unavailable")
     backends = [eagle("g0"), plain("g0"), eagle("g1", available=False), plain("g1", available=False)]
-    assert choose(backends, {"g0": 1.0}) == ("eagle-g0", "adaptive_predicted_faster")
+    assert choose(backends, {"g0": GroupState(1.0)}) == ("eagle-g0", "adaptive_predicted_faster")
     # A group whose plain server is down is its EAGLE server alone, priced at its own load.
     backends = [eagle("g0", 2), plain("g0", available=False), eagle("g1", 2), plain("g1", 2)]
     assert choose(backends)[0] == "eagle-g0"
@@ -132,7 +168,7 @@ def test_unavailable_backends_are_skipped() -> None:
 def test_groups_of_one_follow_the_partitioned_rule(n_e: int, n_p: int) -> None:
     backends = [eagle("a", n_e), plain("b", n_p)]
     expected = "eagle-a" if FIELD_E.at(n_e + 1) < FIELD_P.at(n_p + 1) else "plain-b"
-    assert choose(backends, {"a": 10.0, "b": 10.0}) == (expected, "adaptive_predicted_faster")
+    assert choose(backends, {"a": GroupState(10.0), "b": GroupState(10.0)}) == (expected, "adaptive_predicted_faster")
 
 
 def test_before_the_lines_are_fitted_a_lone_request_speculates() -> None:

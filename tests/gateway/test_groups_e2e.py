@@ -78,7 +78,7 @@ async def test_two_groups_share_the_traffic_and_report_it(gateway: GatewayProces
     beliefs = status["policy"]["beliefs"]
     assert set(beliefs["groups"]) == {"g0", "g1"}
     for group in ("g0", "g1"):
-        assert beliefs["groups"][group]["recent_load"] is not None
+        assert beliefs["groups"][group]["expected_load"] is not None
         assert beliefs["groups"][group]["mode"] == "idle"
     fits = beliefs["backends"]
     assert {fits[name]["group"] for name in fits} == {"g0", "g1"}

@@ -175,7 +175,7 @@ def test_a_single_stream_feeds_the_adaptive_fit_and_a_batch_does_not(rig: Rig) -
     stream({"text": ["a", "b"], "sampling_params": {"max_new_tokens": 30}})
     assert observations() == before
     stream({"text": "a", "sampling_params": {"max_new_tokens": 30}})
-    assert observations() == before + 1
+    assert observations() > before  # its progress as it streamed, and its completion
 
 
 def test_flush_cache_and_sglang_info_aliases_pass_through(rig: Rig) -> None:

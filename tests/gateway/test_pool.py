@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway.pool.backends import Backend, DecodeWindow, Health, Pool, Slot
+from gateway.pool.backends import PROGRESS_CHUNKS, Backend, DecodeWindow, Health, Pool, Slot
 from gateway.pool.board import AREA, INFLIGHT, SINCE
 
 
@@ -121,6 +121,38 @@ def test_decode_window_follows_load_changes_between_the_tokens() -> None:
         extra.release()  # back to two the moment the stream ends, before its window is read
     window = slot.decode_window()
     assert window == DecodeWindow(seconds=4.0, mean_inflight=3.0, mean_group_inflight=3.0)  # (2*2 + 4*2) / 4
+
+
+def test_a_stream_reports_its_progress_every_few_chunks() -> None:
+    clock = [0.0]
+    eagle = Backend("eagle", "http://e", True, group="g0")
+    plain = Backend("plain", "http://p", False, group="g0")
+    pool = Pool([eagle, plain], clock=lambda: clock[0])
+    slot = pool.acquire("eagle")
+    pool.acquire("plain")  # the group's other server holds one throughout
+    heard: list[tuple[str, DecodeWindow]] = []
+    slot.on_progress = lambda name, window: heard.append((name, window))
+    for chunk in range(2 * PROGRESS_CHUNKS + 3):
+        clock[0] = 1.0 + 0.5 * chunk
+        if chunk == PROGRESS_CHUNKS:
+            pool.acquire("eagle")  # a second EAGLE request from the first stretch's end on
+        slot.mark_token(clock[0])
+    stretch = 0.5 * PROGRESS_CHUNKS
+    assert heard == [
+        ("eagle", DecodeWindow(stretch, 1.0, 2.0, PROGRESS_CHUNKS)),
+        ("eagle", DecodeWindow(stretch, 2.0, 3.0, PROGRESS_CHUNKS)),
+    ]
+    # The whole response's window is unchanged by the stretches.
+    window = slot.decode_window()
+    assert window is not None and window.seconds == 0.5 * (2 * PROGRESS_CHUNKS + 2)
+
+
+def test_a_stream_nobody_listens_to_reports_nothing() -> None:
+    pool = Pool([Backend("plain", "http://p", False)])
+    slot = pool.acquire("plain")
+    for chunk in range(3 * PROGRESS_CHUNKS):
+        slot.mark_token(float(chunk))
+    assert slot.on_progress is None and slot.decode_window() is not None
 
 
 def test_a_backend_without_a_group_is_its_own_group() -> None:

@@ -12,7 +12,7 @@ from gateway.config import BackendConfig, Settings
 from gateway.metrics import GatewayMetrics
 from gateway.policies import Completion, Decision
 from gateway.policies.adaptive import AdaptivePolicy
-from gateway.pool.backends import Backend, Health, Pool
+from gateway.pool.backends import Backend, DecodeWindow, Health, Pool
 from gateway.pool.board import RING, LoadBoard
 from gateway.pool.engine_load import parse_engine_load
 from gateway.runtime import Runtime
@@ -145,6 +145,30 @@ def test_every_worker_learns_every_completion_as_one_process_would(board: LoadBo
         assert rt.policy.describe()["beliefs"]["backends"] == expected  # type: ignore[attr-defined]
 
 
+def test_every_worker_learns_every_streams_progress_in_order(board: LoadBoard) -> None:
+    """Stretches of streams still running travel the ring with the completions, in one order for all."""
+    workers = [_runtime(_attach(board, w)) for w in range(WORKERS)]
+    single = _runtime(None)
+    for rt in (*workers, single):
+        rt.policy.routed(rt.pool.snapshot(), Decision("plain", "adaptive_prior"))  # the arms exist
+    rng = random.Random(9)
+    for i in range(120):
+        n = rng.uniform(1, 40)
+        window = DecodeWindow(8 * (0.014 + 0.0003 * n), n, n, 8)
+        single.progress("plain", window)
+        workers[i % WORKERS].progress("plain", window)
+        if i % 10 == 0:
+            completion = Completion("plain", 65, 0.05, 64 * (0.014 + 0.0003 * n), n, n, 64)
+            single.learn(completion)
+            workers[i % WORKERS].learn(completion)
+    single.catch_up()
+    expected = single.policy.describe()["beliefs"]["backends"]["plain"]
+    assert expected["observations"] == 120 + 12
+    for rt in workers:
+        rt.catch_up()
+        assert rt.policy.describe()["beliefs"]["backends"]["plain"] == expected  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("group", [None, "pair"])
 def test_a_worker_that_never_routed_learns_as_the_one_that_did(board: LoadBoard, group: str | None) -> None:
     """It knows each backend's kind and group (so its crossover and a co-located pair's skipped responses
@@ -174,7 +198,7 @@ def test_a_worker_that_never_routed_learns_as_the_one_that_did(board: LoadBoard,
         assert beliefs["crossover_concurrency"] == expected["crossover_concurrency"]
     idle.policy.routed(idle.pool.snapshot(), Decision("plain", "adaptive_predicted_faster"))
     fits = idle.policy.describe()["beliefs"]["backends"]  # type: ignore[attr-defined]
-    keys = ("alpha_seconds", "beta_seconds_per_request", "effective_observations")
+    keys = ("points", "effective_observations")
     assert [[fits[n][k] for k in keys] for n in NAMES] == [[expected["backends"][n][k] for k in keys] for n in NAMES]
 
 

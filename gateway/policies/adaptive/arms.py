@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.policies.adaptive.fit import TpotEstimator
-from gateway.policies.adaptive.rules import BackendState, TpotLine
+from gateway.policies.adaptive.fit import Curve, TpotEstimator, merged_curve
+from gateway.policies.adaptive.rules import BackendState
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 
 # A probe "agrees" when its TPOT is within this share of the fit's prediction.
@@ -76,37 +76,41 @@ class Outlook:
         return self.estimator is not None and self.estimator.fitted
 
 
-def listed_arm(arm: Arm, live: Callable[[], PoolSnapshot] | None, name: str) -> Arm:
-    """`arm`, new, for backend `name` as the live pool lists it: its kind, group, whether the group is
+def listed_arm(new_arm: Callable[[bool | None], Arm], live: Callable[[], PoolSnapshot] | None, name: str) -> Arm:
+    """A new arm for backend `name` as the live pool lists it: its kind, group, whether the group is
     shared, whether it is available. An arm this process never routed to (a forced route's response,
     another worker's) then learns as the routing process's arm does, and its first routing is not
     taken for a comeback from an outage (which would re-learn its fit)."""
     snapshot = live() if live is not None else None
     views = [] if snapshot is None else [v for v in snapshot.backends if v.name == name]
-    if views:
-        view = views[0]
-        arm.speculative, arm.group, arm.was_available = view.speculative, view.group, view.available
-        arm.shared = sum(v.group == view.group for v in snapshot.backends) > 1  # type: ignore[union-attr]
+    if not views:
+        return new_arm(None)
+    view = views[0]
+    arm = new_arm(view.speculative)
+    arm.group, arm.was_available = view.group, view.available
+    arm.shared = sum(v.group == view.group for v in snapshot.backends) > 1  # type: ignore[union-attr]
     return arm
 
 
-def crossover(arms: Iterable[Arm]) -> float | None:
-    """Where the first EAGLE and the first plain arm's fitted lines cross (see AdaptivePolicy.crossover)."""
+def crossover(arms: Iterable[Arm], limit: int = 4096) -> float | None:
+    """The load at which the plain arms' pooled curve meets the EAGLE arms' (see AdaptivePolicy.crossover):
+    0 when plain is at least as fast alone, infinity when EAGLE is faster up to `limit`."""
     listed = list(arms)
-    spec = next((a.estimator for a in listed if a.speculative), None)
-    plain = next((a.estimator for a in listed if a.speculative is False), None)
-    if spec is None or plain is None or not (spec.fitted and plain.fitted):
+    spec = merged_curve((a.estimator for a in listed if a.speculative), 0.0)
+    plain = merged_curve((a.estimator for a in listed if a.speculative is False), 0.0)
+    if spec is None or plain is None:
         return None
-    gap = plain.alpha - spec.alpha  # how much slower plain is at zero load
-    slope_gap = spec.beta - plain.beta  # how much faster EAGLE's TPOT grows per request
-    if gap <= 0.0:
-        return 0.0 if slope_gap >= 0.0 else math.inf
-    if slope_gap <= 0.0:
-        return math.inf
-    return gap / slope_gap
+    gap = spec.at(1) - plain.at(1)  # EAGLE's excess over plain; the crossover is where it reaches 0
+    if gap >= 0.0:
+        return 0.0
+    for n in range(2, limit + 1):
+        previous, gap = gap, spec.at(n) - plain.at(n)
+        if gap >= 0.0:  # between n - 1 and n: where the straight pieces meet
+            return n - 1 + -previous / (gap - previous)
+    return math.inf
 
 
-def in_the_running(mine: TpotLine, other: TpotLine, cap: int, shared: bool) -> bool:
+def in_the_running(mine: Curve, other: Curve, cap: int, shared: bool) -> bool:
     """Whether a kind with line `mine` is within PROBE_OPEN_GAP of the other kind's line at some load a
     group can reach (1 to the EAGLE cap `cap`). Co-located (`shared`), a group runs one mode at a
     time, so the kinds compete at the same load; partitioned, an idle backend competes with the
@@ -116,7 +120,7 @@ def in_the_running(mine: TpotLine, other: TpotLine, cap: int, shared: bool) -> b
 
 
 def group_beliefs(
-    snapshot: PoolSnapshot, states: Sequence[BackendState], recent: Mapping[str, float]
+    snapshot: PoolSnapshot, states: Sequence[BackendState], expected: Mapping[str, float]
 ) -> dict[str, dict[str, Any]]:
     """Per group: what it runs now, the mode its fits prefer for its expected load, its loads."""
     out: dict[str, dict[str, Any]] = {}
@@ -128,8 +132,8 @@ def group_beliefs(
         members = [s for s in states if s.group == group]
         busy = {s.speculative for s in members if s.inflight > 0}
         entry["mode"] = "idle" if not busy else "mixed" if len(busy) == 2 else "eagle" if True in busy else "plain"
-        entry["recent_load"] = recent.get(group)
-        load = max(entry["inflight"] + 1.0, recent.get(group, 0.0))
+        entry["expected_load"] = expected.get(group)
+        load = max(entry["inflight"] + 1.0, expected.get(group, 0.0))
         fitted = [s for s in members if s.line is not None and s.available]
         if fitted:
             best = min(fitted, key=lambda s: s.line.at(load) if s.line is not None else math.inf)
@@ -138,16 +142,23 @@ def group_beliefs(
     return out
 
 
-def kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> dict[bool, tuple[TpotLine, float]]:
-    """Per kind (speculative or not), its fitted backends' lines averaged by evidence, and their evidence."""
-    sums: dict[bool, list[float]] = {}  # kind -> [evidence, evidence*alpha, evidence*beta]
-    for view in available:
-        outlook = outlooks[view.name]
-        estimator = outlook.estimator
-        if estimator is not None and estimator.fitted:
-            weight = max(outlook.evidence, 1e-9)
-            acc = sums.setdefault(view.speculative, [0.0, 0.0, 0.0])
-            acc[0] += weight
-            acc[1] += weight * estimator.alpha
-            acc[2] += weight * estimator.beta
-    return {kind: (TpotLine(a / w, b / w), w) for kind, (w, a, b) in sums.items()}
+@dataclass(frozen=True)
+class KindLine:
+    """One kind's (speculative or not) pooled curve and its evidence."""
+
+    line: Curve
+    evidence: float
+
+
+def kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> dict[bool, KindLine]:
+    """Per kind, its fitted backends' bands pooled into one curve, and their evidence."""
+    out: dict[bool, KindLine] = {}
+    for kind in (False, True):
+        estimators = [
+            o.estimator for v in available if v.speculative == kind and (o := outlooks[v.name]).estimator is not None and o.fitted
+        ]
+        evidence = sum(outlooks[v.name].evidence for v in available if v.speculative == kind and outlooks[v.name].fitted)
+        curve = merged_curve(estimators, estimators[0].config.prior_slope_ratio) if estimators else None
+        if curve is not None:
+            out[kind] = KindLine(curve, max(evidence, 1e-9))
+    return out

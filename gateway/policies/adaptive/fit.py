@@ -1,199 +1,345 @@
 """Online estimate of one backend's time per output token as a function of its in-flight count.
 
-`TPOT(n) = alpha + beta * n` (calibration.md's affine step model over the tokens a step yields),
-fitted from finished responses, one point each (mean in-flight while it decoded, decode seconds /
-(tokens - 1)), by exponentially weighted least squares made fit for live traffic: points weighted
-by relative error (low-load points pin the intercept); robust (beyond 2 running scales a Huber
-weight, beyond 6 none, so a decode window that caught a long prefill moves nothing); always
-identifiable (a weak prior slope stands in while the data has no spread in n); forgetting (a
-half-life in observations, and a sustained bias of the residuals, such as a restart with other
-settings, drops almost all evidence at once, keeping the old line as the prior). O(1) per
-observation; `predict` is one multiply-add.
+Each response (or stretch of a streaming one) gives one point: the mean in-flight count while it
+decoded, and decode seconds per token. Points are kept per band of loads (a quarter octave wide): a
+band's level is the weighted median of its latest responses (older ones count less, by `half_life`),
+so another request's long prefill landing in a few responses does not move it. The curve runs
+straight between measured bands and beyond them at the slope of the measured stretch nearest (at
+least zero); with one band measured, at a weak prior slope. So a bent step table is followed where it
+is measured, and a new load is news about the curve there, never taken for a changed backend. A
+backend that changed (a restart with other settings, a drop in acceptance) shows as responses in
+well-measured bands off the same way: every band then moves to the new level and keeps little
+weight, so the curve re-learns within tens of responses.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+BANDS_PER_OCTAVE = 4
+BAND_MEMORY = 32  # responses a band keeps (its latest)
+SHRINK = 2.0  # responses' worth of weight the line through neighbouring bands has in each band's level
+SHIFT_MEMORY = 9  # residuals whose median sizes a detected change
+NEW_REGIME = 20  # the latest responses when a change is detected, taken to show it already (not moved)
+SPREAD = 2.0  # a slope is read only across points at least this factor apart in load
 
 
 @dataclass(frozen=True)
 class EstimatorConfig:
     """Tuning of the fit; every default is profile-free (no model, GPU or draft constants)."""
 
-    half_life: float = 200.0  # observations until old evidence counts half
-    prior_slope_ratio: float = 0.1  # prior beta/alpha per request: geometric middle of plain and EAGLE step shapes
-    prior_weight: float = 0.2  # prior strength, in observations times (requests of spread in n)^2
-    huber_k: float = 2.0  # residuals beyond k running scales get weight k*scale/|r| ...
-    reject_k: float = 3.0  # ... and beyond reject_k times that, none
-    scale_floor: float = 0.01  # relative noise floor, so near-deterministic data does not turn all into outliers
-    scale_cap: float = 0.5  # a rough early fit must not make every later point look normal
+    half_life: float = 200.0  # a band's responses until its old evidence counts half
+    prior_slope_ratio: float = 0.1  # with one band measured: slope per request relative to the lone-request TPOT
+    mature: int = 3  # responses before a band is a point of the curve (while some band is)
+    huber_k: float = 2.0  # the change detector clips residuals at 1.5 * k running scales
+    scale_floor: float = 0.01  # relative noise floor
+    scale_cap: float = 0.5
     scale_rate: float = 0.05  # EWMA rate of the residual scale
-    robust_after: int = 5  # observations before residuals are trusted enough to down-weight
-    prior_slope_doubt: float = 3.0  # how far off (x slope) a prior-made slope may be, when judging residuals
-    shift_rate: float = 0.1  # EWMA rate of the change detector (about the last 10 observations)
-    shift_sign: float = 0.75  # |mean sign of residuals| that signals a consistent shift ...
-    shift_size: float = 0.1  # ... when the mean relative residual is also at least this
-    relearn_keep: float = 0.02  # share of old evidence kept when a shift is detected
+    shift_rate: float = 0.1  # EWMA rate of the change detector (about the last 10 responses)
+    shift_sign: float = 0.85  # |mean sign of residuals| that signals a consistent shift ...
+    shift_size: float = 0.15  # ... when the mean relative residual is also at least this
+    relearn_keep: float = 0.05  # share of a band's weight kept when the backend changed
     full_weight_tokens: int = 64  # responses with fewer decode tokens count proportionally less
 
 
+class Curve(Protocol):
+    """Seconds per output token against the in-flight count."""
+
+    def at(self, n: float) -> float: ...
+
+    def scaled(self, factor: float) -> Curve: ...
+
+    @property
+    def reach(self) -> float:
+        """The largest in-flight count it was measured at (beyond it, an extrapolation)."""
+        ...
+
+
 @dataclass(frozen=True)
-class Fit:
-    """A fitted line: TPOT(n) = alpha + beta*n, in seconds."""
+class TpotLine:
+    """A straight curve, `alpha + beta * n` (seconds): the shape of calibration.md's step model."""
 
     alpha: float
     beta: float
 
     def at(self, n: float) -> float:
-        """Predicted seconds per output token at in-flight count n."""
         return self.alpha + self.beta * n
+
+    def scaled(self, factor: float) -> TpotLine:
+        return TpotLine(self.alpha * factor, self.beta * factor)
+
+    @property
+    def reach(self) -> float:
+        return math.inf  # a line given, not measured: it holds everywhere
+
+
+@dataclass(frozen=True)
+class TpotCurve:
+    """Straight between measured points (n increasing), beyond them at `low_slope` and `high_slope`."""
+
+    points: tuple[tuple[float, float], ...]
+    low_slope: float
+    high_slope: float
+
+    def at(self, n: float) -> float:
+        points = self.points
+        first_n, first_y = points[0]
+        if n <= first_n:
+            return max(first_y - self.low_slope * (first_n - n), 0.5 * first_y)
+        last_n, last_y = points[-1]
+        if n >= last_n:
+            return last_y + self.high_slope * (n - last_n)
+        for (n0, y0), (n1, y1) in zip(points, points[1:], strict=False):
+            if n <= n1:
+                return y0 + (y1 - y0) * (n - n0) / (n1 - n0) if n1 > n0 else y1
+        return last_y  # unreachable: n lies below the last point
+
+    def scaled(self, factor: float) -> TpotCurve:
+        return TpotCurve(tuple((n, y * factor) for n, y in self.points), self.low_slope * factor, self.high_slope * factor)
+
+    @property
+    def reach(self) -> float:
+        return self.points[-1][0]
+
+
+@dataclass
+class _Band:
+    """One band's latest responses, `(load, TPOT, weight, the estimator's observation count then)`, newest last."""
+
+    points: deque[tuple[float, float, float, int]] = field(default_factory=lambda: deque(maxlen=BAND_MEMORY))
+    count: int = 0  # responses ever, undecayed
+
+    def weighted(self, decay: float) -> list[tuple[float, float, float]]:
+        """The points with their weights aged: a response counts `decay` less for each later one."""
+        age = len(self.points)
+        out = []
+        for n, y, w, _ in self.points:
+            age -= 1
+            out.append((n, y, w * decay**age))
+        return out
+
+
+def _level(points: list[tuple[float, float, float]]) -> tuple[float, float, float] | None:
+    """(median load, median TPOT, total weight) of weighted points; None without weight.
+
+    Medians, not means: another request's long prefill can triple one response's TPOT, and a young
+    band of two or three responses must not take that for its level."""
+    total = sum(w for _, _, w in points)
+    if total <= 0.0:
+        return None
+    return _median(points, 0, total), _median(points, 1, total), total
+
+
+def _median(points: list[tuple[float, float, float]], field: int, total: float) -> float:
+    half, run = total / 2.0, 0.0
+    ordered = sorted(points, key=lambda p: p[field])
+    for p in ordered:
+        run += p[2]
+        if run >= half:
+            return p[field]
+    return ordered[-1][field]  # unreachable: the weights sum to `total`
+
+
+def band_of(n: float) -> int:
+    """The band a load falls in: a quarter octave from 1 up (everything below 1 is band 0)."""
+    return int(BANDS_PER_OCTAVE * math.log2(n)) if n > 1.0 else 0
+
+
+def merged_curve(estimators: Iterable[TpotEstimator], prior_slope_ratio: float) -> TpotCurve | None:
+    """One curve from several backends' bands (identical servers: their evidence adds up)."""
+    levels: dict[int, list[tuple[float, float, float]]] = {}
+    counts: dict[int, int] = {}
+    for estimator in estimators:
+        for index, band in estimator.bands.items():
+            levels.setdefault(index, []).extend(band.weighted(estimator.decay))
+            counts[index] = counts.get(index, 0) + band.count
+    return _curve(levels, counts, EstimatorConfig(prior_slope_ratio=prior_slope_ratio))
+
+
+def _curve(bands: dict[int, list[tuple[float, float, float]]], counts: dict[int, int], config: EstimatorConfig) -> TpotCurve | None:
+    measured = {index: level for index, points in bands.items() if (level := _level(points)) is not None}
+    if not measured:
+        return None
+    # A band's responses lie across its width, on a curve that rises there: its level is the median of
+    # TPOTs moved along the local slope (from the first reading of the bands around it) to its median load.
+    slopes = _local_lines(list(measured.values()))
+    levels = []
+    for (index, (n, _, w)), (_, slope) in zip(measured.items(), slopes, strict=True):
+        moved = [(pn, py - slope * (pn - n), pw) for pn, py, pw in bands[index]]
+        levels.append((index, (n, _median(moved, 1, w), w)))
+    mature = [level for index, level in levels if counts[index] >= config.mature] or [level for _, level in levels]
+    lines = _local_lines(mature)
+    # Each band's level pulled towards the line through the bands around it by `SHRINK` responses'
+    # worth: a band of a few responses, which one unlucky draw can move far, leans on its neighbours;
+    # a well-measured band keeps its own level, and a bent curve stays bent (the line is local).
+    points = tuple(sorted((n, (w * y + SHRINK * at) / (w + SHRINK)) for (n, y, w), (at, _) in zip(mature, lines, strict=True)))
+    low, high = points[0], points[-1]
+    if high[0] < SPREAD * max(low[0], 1.0):
+        # Too little spread in load for a slope of its own (neighbouring bands a few requests apart
+        # would turn noise into a steep line): the prior's, through the highest point.
+        n, y = high
+        slope = config.prior_slope_ratio * y / (1.0 + config.prior_slope_ratio * n)
+        return TpotCurve(points, slope, slope)
+    near_top = [p for p in points if p[0] >= high[0] / 4.0]
+    if near_top[-1][0] < SPREAD * max(near_top[0][0], 1.0):
+        near_top = list(points)
+    near_bottom = [p for p in points if p[0] <= 4.0 * max(low[0], 1.0)]
+    if near_bottom[-1][0] < SPREAD * max(low[0], 1.0):
+        near_bottom = list(points)
+    return TpotCurve(points, _slope(near_bottom), _slope(near_top))
+
+
+def _local_lines(levels: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
+    """Per level `(load, TPOT, weight)`: the weighted line through the levels around it (within a factor
+    `SPREAD` in load), as (its value at that load, its slope); the level itself and no slope with fewer
+    than three around."""
+    out = []
+    for n, y, _ in levels:
+        near = [p for p in levels if n / SPREAD <= p[0] <= n * SPREAD]
+        if len(near) < 3:
+            out.append((y, 0.0))
+            continue
+        total = sum(pw for _, _, pw in near)
+        n_mean = sum(pn * pw for pn, _, pw in near) / total
+        y_mean = sum(py * pw for _, py, pw in near) / total
+        var = sum(pw * (pn - n_mean) ** 2 for pn, _, pw in near)
+        slope = sum(pw * (pn - n_mean) * (py - y_mean) for pn, py, pw in near) / var if var > 0.0 else 0.0
+        out.append((y_mean + slope * (n - n_mean), slope))
+    return out
+
+
+def _slope(points: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> float:
+    """The least-squares slope through `points` (at least zero; zero without spread in n)."""
+    if len(points) < 2:
+        return 0.0
+    n_mean = sum(n for n, _ in points) / len(points)
+    y_mean = sum(y for _, y in points) / len(points)
+    var = sum((n - n_mean) ** 2 for n, _ in points)
+    cov = sum((n - n_mean) * (y - y_mean) for n, y in points)
+    return max(cov / var, 0.0) if var > 0.0 else 0.0
 
 
 class TpotEstimator:
-    """Robust, forgetting fit of TPOT(n) for one backend; feed it with `observe`, read `predict`."""
+    """Robust, forgetting curve of TPOT(n) for one backend; feed it with `observe`, read `predict` or `curve`."""
 
     def __init__(self, config: EstimatorConfig | None = None) -> None:
         self.config = config or EstimatorConfig()
-        self._decay = 0.5 ** (1.0 / self.config.half_life)
-        self.alpha = math.nan
-        self.beta = math.nan
-        self.fitted = False
+        self.decay = 0.5 ** (1.0 / self.config.half_life)  # a response's weight, per later one in its band
+        self.bands: dict[int, _Band] = {}
         self.observations = 0  # since creation
         self.relearns = 0
         self.evidence = 0.0  # undecayed sum of observation weights since the last relearn or reset
         self._scale = 0.1
-        self._prior_ratio = self.config.prior_slope_ratio
         self._shift_sign = 0.0
         self._shift_mean = 0.0
+        self._residuals: deque[float] = deque(maxlen=SHIFT_MEMORY)  # the latest, against mature bands
         self._since_relearn = 0
-        # Decayed weighted sums of 1, n, n^2, y, n*y.
-        self._w = self._wn = self._wnn = self._wy = self._wny = 0.0
-
-    def predict(self, n: float) -> float:
-        """Predicted seconds per output token with n requests in flight (NaN before the first fit)."""
-        return self.alpha + self.beta * n
+        self._cached: TpotCurve | None = None
+        self._levels: dict[int, tuple[float, float, float] | None] = {}  # per band, until it changes
 
     @property
-    def fit(self) -> Fit | None:
-        """The current line, or None before any observation."""
-        return Fit(self.alpha, self.beta) if self.fitted else None
+    def fitted(self) -> bool:
+        return bool(self.bands)
+
+    @property
+    def curve(self) -> TpotCurve | None:
+        """The current curve, or None before any observation."""
+        if self._cached is None:
+            levels = {index: band.weighted(self.decay) for index, band in self.bands.items()}
+            self._cached = _curve(levels, {index: band.count for index, band in self.bands.items()}, self.config)
+        return self._cached
+
+    def predict(self, n: float) -> float:
+        """Predicted seconds per output token with n requests in flight (NaN before the first observation)."""
+        curve = self.curve
+        return curve.at(n) if curve is not None else math.nan
 
     def observe(self, n: float, tpot: float, tokens: int | None = None) -> None:
         """Add one response: `n` mean in-flight while it decoded, `tpot` its seconds per token.
 
-        `tokens` (the decode tokens behind `tpot`) scales its weight: a short response's TPOT is
-        a handful of steps and, under speculation, of random acceptance draws.
+        `tokens` (the decode tokens behind `tpot`) scales its weight: a short response's TPOT is a
+        handful of steps and, under speculation, of random acceptance draws.
         """
         if not (tpot > 0.0 and math.isfinite(tpot) and n >= 0.0 and math.isfinite(n)):
             return
         cfg = self.config
         weight = 1.0 if tokens is None else min(1.0, max(tokens, 1) / cfg.full_weight_tokens)
         self.observations += 1
-        if self.fitted:
-            weight *= self._robust_weight(n, tpot)
-            # Noise scales with the TPOT level (acceptance draws, jitter), so points are weighted for
-            # relative error: a point at low load pins the intercept better than one at high load.
-            weight *= (self._wy / self._w / self.predict(n)) ** 2 if self._w > 0.0 else 1.0
-        self._add(n, tpot, weight)
-        self._solve()
+        index = band_of(n)
+        band = self.bands.setdefault(index, _Band())
+        if band.count >= cfg.mature and self._detect_shift(index, tpot):
+            band = self.bands[index]
+        band.points.append((n, tpot, weight, self.observations))
+        band.count += 1
+        self.evidence += weight
+        self._levels.pop(index, None)
+        self._cached = None
 
     def forget(self, keep: float) -> None:
-        """Scale all evidence down to `keep` (0 forgets everything); the fit is kept as a starting point.
-
-        The fitted line's shape (beta/alpha) becomes the prior's: what usually changes a backend
-        (acceptance length, a restart) scales its whole line, so until the new points have spread
-        in n, the old shape at the new level is the best guess.
-        """
-        if self.fitted and self.alpha > 0.0:
-            self._prior_ratio = self.beta / self.alpha
-        for name in ("_w", "_wn", "_wnn", "_wy", "_wny"):
-            setattr(self, name, getattr(self, name) * keep)
+        """Scale all evidence down to `keep` (0 forgets all but a trace); the curve's shape stays the starting point."""
+        keep = max(keep, 1e-6)  # a trace of weight keeps each band's level until new responses outweigh it
+        for band in self.bands.values():
+            band.points = deque(((n, y, w * keep, i) for n, y, w, i in band.points), maxlen=BAND_MEMORY)
         self.evidence *= keep
         self._shift_sign = self._shift_mean = 0.0
+        self._residuals.clear()
         self._since_relearn = 0
+        self._levels.clear()
+        self._cached = None
 
     def describe(self) -> dict[str, Any]:
-        """Fitted parameters and fit health, for /admin/status."""
+        """The measured points and fit health, for /admin/status."""
+        curve = self.curve
         return {
-            "alpha_seconds": self.alpha if self.fitted else None,
-            "beta_seconds_per_request": self.beta if self.fitted else None,
+            "points": [[round(n, 2), round(y, 6)] for n, y in curve.points] if curve else [],
+            "slope_beyond_seconds_per_request": curve.high_slope if curve else None,
             "observations": self.observations,
-            "effective_observations": round(self._w, 2),
+            "effective_observations": round(sum(w for b in self.bands.values() for _, _, w in b.weighted(self.decay)), 2),
             "residual_scale": round(self._scale, 4),
             "relearns": self.relearns,
         }
 
-    def _robust_weight(self, n: float, tpot: float) -> float:
-        """Huber weight of a new point against the current fit; also runs the change detector."""
+    def _band_level(self, index: int) -> float:
+        if index not in self._levels:
+            self._levels[index] = _level(self.bands[index].weighted(self.decay))
+        level = self._levels[index]
+        assert level is not None
+        return level[1]
+
+    def _detect_shift(self, index: int, tpot: float) -> bool:
+        """Run the change detector on a response in a well-measured band; True when it re-learned.
+
+        Residuals are clipped to a few running scales, so outliers cannot fake a shift while a real one
+        (every response off by the same margin) still gets through."""
         cfg = self.config
-        predicted = self.predict(n)
-        r = tpot / predicted - 1.0 if predicted > 0.0 else 0.0
+        r = tpot / self._band_level(index) - 1.0
+        self._residuals.append(r)
         self._since_relearn += 1
-        if self._since_relearn <= cfg.robust_after:
-            # Just (re)started: too few points to call any of them an outlier.
-            self._scale = min(max(self._scale + 0.5 * (abs(r) * 1.2533 - self._scale), cfg.scale_floor), cfg.scale_cap)
-            return 1.0
-        # Residuals are judged against the prediction's own uncertainty too: where the data has no
-        # spread in n the slope is mostly the prior's, so far from the data's centre a large
-        # residual is news about the slope, not an outlier.
-        w = self._w
-        n_mean, y_mean = self._wn / w, self._wy / w
-        spread = w * max(self._wnn / w - n_mean * n_mean, 0.0)
-        prior_share = cfg.prior_weight / (spread + cfg.prior_weight)
-        slope_sd = prior_share * cfg.prior_slope_doubt * self.beta + self._scale * y_mean / math.sqrt(spread + cfg.prior_weight)
         base = cfg.huber_k * self._scale
-        limit = base + abs(n - n_mean) * slope_sd / predicted
-        # Change detection on residuals clipped to a few scales, so outliers cannot fake a shift
-        # while a real one (every point off by the same margin) still gets through.
         clipped = max(-1.5 * base, min(1.5 * base, r))
         self._shift_sign += cfg.shift_rate * ((1.0 if r > 0 else -1.0 if r < 0 else 0.0) - self._shift_sign)
         self._shift_mean += cfg.shift_rate * (clipped - self._shift_mean)
-        if (
+        self._scale += cfg.scale_rate * (min(abs(r), base) * 1.2533 - self._scale)
+        self._scale = min(max(self._scale, cfg.scale_floor), cfg.scale_cap)
+        if not (
             self._since_relearn * cfg.shift_rate >= 1.0
             and abs(self._shift_sign) >= cfg.shift_sign
             and abs(self._shift_mean) >= cfg.shift_size
         ):
-            # Most recent points sit on one side of the line by a material margin: the backend
-            # changed. Keep a sliver of the old fit so the next points re-shape it fast.
-            self.relearns += 1
-            self.forget(cfg.relearn_keep)
-        # The scale follows |r| (x1.2533: mean absolute deviation to sigma for normal noise),
-        # with outliers clipped so a burst of them cannot inflate it.
-        self._scale += cfg.scale_rate * (min(abs(r), base) * 1.2533 - self._scale)
-        self._scale = min(max(self._scale, cfg.scale_floor), cfg.scale_cap)
-        if abs(r) <= limit:
-            return 1.0
-        # Huber beyond the limit, and nothing at all beyond `reject_k` limits: spikes and stalls
-        # are one-sided, so even a bounded pull from each would bias the (small) intercept.
-        return limit / abs(r) if abs(r) <= cfg.reject_k * limit else 0.0
-
-    def _add(self, n: float, y: float, weight: float) -> None:
-        d = self._decay
-        self._w = self._w * d + weight
-        self._wn = self._wn * d + weight * n
-        self._wnn = self._wnn * d + weight * n * n
-        self._wy = self._wy * d + weight * y
-        self._wny = self._wny * d + weight * n * y
-        self.evidence += weight
-
-    def _solve(self) -> None:
-        cfg = self.config
-        w = self._w
-        if w <= 0.0:
-            return
-        n_mean = self._wn / w
-        y_mean = self._wy / w
-        var_n = max(self._wnn / w - n_mean * n_mean, 0.0)
-        cov_ny = self._wny / w - n_mean * y_mean
-        prior_beta = self._prior_ratio * y_mean / (1.0 + self._prior_ratio * n_mean)
-        beta = max((w * cov_ny + cfg.prior_weight * prior_beta) / (w * var_n + cfg.prior_weight), 0.0)
-        alpha = y_mean - beta * n_mean
-        floor = 0.02 * y_mean
-        if alpha < floor:
-            # A slope so steep the line would predict ~0 s per token for a lone request: keep the
-            # intercept positive and let the line still pass through the data's centre.
-            alpha = floor
-            beta = (y_mean - alpha) / n_mean if n_mean > 0.0 else 0.0
-        self.alpha, self.beta, self.fitted = alpha, beta, True
+            return False
+        # Most recent responses sit on one side of measured bands by a material margin: the backend
+        # changed. Every band moves by that margin (the median of the latest residuals: unclipped, so a
+        # large change is taken whole) and keeps a sliver of its weight.
+        shift = 1.0 + sorted(self._residuals)[len(self._residuals) // 2]
+        changed = self.observations - NEW_REGIME  # responses since then already show the change
+        for band in self.bands.values():
+            band.points = deque(
+                ((n, y * shift if i < changed else y, w, i) for n, y, w, i in band.points), maxlen=BAND_MEMORY
+            )
+        self.relearns += 1
+        self.forget(cfg.relearn_keep)
+        return True

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gateway.config import PolicyConfig
-from gateway.policies import Completion, Decision, Policy, Prompt
+from gateway.policies import Completion, Decision, Policy, Progress, Prompt
 from gateway.policies.adaptive.arms import (
     PROBE_AGREEMENT,
     Arm,
+    KindLine,
     Outlook,
     crossover,
     group_beliefs,
@@ -31,8 +33,15 @@ from gateway.policies.adaptive.arms import (
     kind_lines,
     listed_arm,
 )
-from gateway.policies.adaptive.fit import EstimatorConfig, TpotEstimator
-from gateway.policies.adaptive.rules import BackendState, TpotLine, flex_choice, lane_view, least_harm
+from gateway.policies.adaptive.fit import Curve, EstimatorConfig, TpotEstimator
+from gateway.policies.adaptive.forecast import LoadForecast
+from gateway.policies.adaptive.rules import (
+    BackendState,
+    GroupState,
+    flex_choice,
+    lane_view,
+    least_harm,
+)
 from gateway.policies.adaptive.rules import choose as choose_group
 from gateway.policies.lane import FLEX_PLAIN, TierLane, TierSettings
 from gateway.pool.snapshot import BackendView, PoolSnapshot
@@ -44,6 +53,9 @@ from gateway.tiers import DEFAULT, FLEX, PRIORITY, Tier
 # plain server until the next probe.
 SPEC_PRIOR = 0.2
 SPEC_PRIOR_WEIGHT = 1.0
+# The prior slope of plain decode's line, per request, relative to its intercept (EAGLE's is the estimator's
+# default): until responses at several loads shape it, plain's line extrapolates nearly flat.
+PLAIN_PRIOR_SLOPE = 0.01
 # Co-located: a response counts only if the other server had at most this many requests in flight
 # on average while it decoded.
 SHARED_TOLERANCE = 0.25
@@ -52,12 +64,14 @@ SHARED_TOLERANCE = 0.25
 # response unusable. Probes that teach nothing new therefore back off exponentially, to at most this
 # many intervals (docs/adaptive.md#the-decision).
 PROBE_BACKOFF_LIMIT = 16
-# Weight of each finished response in its group's recent load (the rate the group rule was evaluated at).
-RECENT_LOAD_RATE = 0.25
-# A probe of a co-located group is sent only while the group has been serving about one request at
-# a time: a probe that lands at the start of a burst mixes the modes for its whole life, and the
-# arrivals it slows hold the group's share of the load back (docs/adaptive.md#the-decision).
-PROBE_MAX_RECENT_LOAD = 2.0
+# A probe of a co-located group is sent only while a group is expected to serve, and has been serving
+# for a few lives, about one request at a time: a probe that lands at the start of a burst, or in a
+# lull between bursts, mixes the modes for its whole life, and the arrivals it slows hold the
+# group's share of the load back (docs/adaptive.md#the-decision).
+PROBE_MAX_LOAD = 2.0
+# Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
+# capped or cold-start request goes where there is room or a measurement to take.
+_NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable")
 
 
 class AdaptivePolicy(Policy):
@@ -92,7 +106,8 @@ class AdaptivePolicy(Policy):
         self.colocated = colocated
         self.estimator = estimator or EstimatorConfig()
         self._arms: dict[str, Arm] = {}
-        self._recent: dict[str, float] = {}  # group -> recent load (EWMA of mean group in-flight)
+        self._forecast = LoadForecast()  # the load over the next request life
+        self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._live: Callable[[], PoolSnapshot] | None = None
         self.lane = TierLane(tiers)
@@ -142,18 +157,22 @@ class AdaptivePolicy(Policy):
             harm = least_harm(snapshot, states, self.slo_tpot)
             if harm is not None:
                 return harm
-        name, reason = choose_group(states, self._recent)
+        name, reason = choose_group(states, self._groups(snapshot))
         if reason == "adaptive_predicted_faster" and capped and self._capped_was_faster(states, name):
             reason = "adaptive_cap"
         return name, reason
 
     def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
         """Record per backend its kind, group and whether the group is shared, the decisions since it
-        last got a request and a pending probe; per group the last decision placed there (status).
-        Tau and the recent loads change only in `observe`."""
-        self._last[snapshot.get(decision.backend).group] = f"{decision.backend}: {decision.label}"
+        last got a request and a pending probe; per group the last decision placed there and the mode
+        new requests go to; the arrival. Tau, the fits and the mean life change only in `observe`."""
+        chosen = snapshot.get(decision.backend)
+        self._last[chosen.group] = f"{decision.backend}: {decision.label}"
         self.lane.routed(decision.tier)
+        self._forecast.arrived(snapshot.at, snapshot.load_area, snapshot.total_inflight, snapshot.pending)
         sizes = Counter(v.group for v in snapshot.backends)
+        if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
+            self._modes[chosen.group] = chosen.speculative
         for view in snapshot.backends:
             arm = self._sync(view)
             arm.shared = sizes[view.group] > 1
@@ -164,14 +183,23 @@ class AdaptivePolicy(Policy):
             else:
                 arm.since_routed += 1
 
+    def paced(self, progress: Progress) -> None:
+        """A stretch of a stream is a point of its backend's curve once the backend's tokens per chunk
+        are known (its first completion), so the curve follows a load within a few steps of it."""
+        arm = self._arms.get(progress.backend)
+        if arm is None or (arm.speculative and arm.tau_chunks <= 0.0) or progress.chunks < 1 or progress.seconds <= 0.0:
+            return
+        others = progress.mean_group_inflight - progress.mean_inflight
+        if (arm.shared or self.colocated) and others > SHARED_TOLERANCE:
+            return  # the other server's steps were interleaved with these
+        tokens = progress.chunks * arm.tau
+        arm.estimator.observe(progress.mean_inflight, progress.seconds / tokens, max(round(tokens), 1))
+
     def observe(self, completion: Completion) -> None:
         arm = self._arms.get(completion.backend)
         if arm is None:  # a forced route's response, or another worker's: the arm starts as the pool lists it
-            arm = self._arms[completion.backend] = listed_arm(self._new_arm(), self._live, completion.backend)
-        group = arm.group or completion.backend
-        recent = self._recent.get(group)
-        load = completion.mean_group_inflight
-        self._recent[group] = load if recent is None else recent + RECENT_LOAD_RATE * (load - recent)
+            arm = self._arms[completion.backend] = listed_arm(self._new_arm, self._live, completion.backend)
+        self._forecast.finished(completion.ttft + completion.decode_seconds)
         arm.learn_tau(completion.output_tokens, completion.token_chunks)
         tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
         if tokens < 1 or completion.decode_seconds <= 0.0:
@@ -225,7 +253,8 @@ class AdaptivePolicy(Policy):
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
             kinds = kind_lines(list(snapshot.backends), outlooks)
             states = [self._state(v, outlooks[v.name], kinds) for v in snapshot.backends]
-            beliefs["groups"] = group_beliefs(snapshot, states, self._recent)
+            expected = {group: state.load for group, state in self._groups(snapshot).items()}
+            beliefs["groups"] = group_beliefs(snapshot, states, expected)
             for group, entry in beliefs["groups"].items():
                 entry["last_decision"] = self._last.get(group)
         cross = self.crossover()
@@ -241,8 +270,11 @@ class AdaptivePolicy(Policy):
         """
         return crossover(self._arms.values())
 
-    def _new_arm(self) -> Arm:
-        return Arm(TpotEstimator(self.estimator), probe_interval=self.probe_every)
+    def _new_arm(self, speculative: bool | None) -> Arm:
+        # Plain decode's cost grows least with the batch (what a plain server is for), so its line starts
+        # nearly flat; EAGLE's verification grows with every request, so its starts steeper.
+        config = replace(self.estimator, prior_slope_ratio=PLAIN_PRIOR_SLOPE) if speculative is False else self.estimator
+        return Arm(TpotEstimator(config), probe_interval=self.probe_every, speculative=speculative)
 
     def _comes_back(self, arm: Arm, view: BackendView) -> bool:
         """Available again after the last routed snapshot showed it unavailable, with a fit to revise."""
@@ -260,7 +292,7 @@ class AdaptivePolicy(Policy):
     def _sync(self, view: BackendView) -> Arm:
         arm = self._arms.get(view.name)
         if arm is None:
-            arm = self._arms[view.name] = self._new_arm()
+            arm = self._arms[view.name] = self._new_arm(view.speculative)
         arm.speculative, arm.group = view.speculative, view.group
         if self._comes_back(arm, view):
             # Back after an outage (a restart, maybe with other settings): re-learn fast from
@@ -278,7 +310,7 @@ class AdaptivePolicy(Policy):
         snapshot: PoolSnapshot,
         available: list[BackendView],
         outlooks: dict[str, Outlook],
-        kinds: dict[bool, tuple[TpotLine, float]],
+        kinds: dict[bool, KindLine],
     ) -> Decision | None:
         """A probe of a kind (plain first, as ever) that no backend of it has served for its probe
         interval and that the fits leave in the running: the kind shares one line, so one probe
@@ -297,17 +329,16 @@ class AdaptivePolicy(Policy):
                     return Decision(view.name, "adaptive_explore")
         return None
 
-    def _kind_line(self, kind: bool, kinds: dict[bool, tuple[TpotLine, float]]) -> TpotLine:
+    def _kind_line(self, kind: bool, kinds: dict[bool, KindLine]) -> Curve:
         """The kind's pooled line as the rules see it (EAGLE's scaled by the speculation prior)."""
-        pooled, evidence = kinds[kind]
-        factor = self._factor(kind, evidence)
-        return TpotLine(pooled.alpha * factor, pooled.beta * factor)
+        pooled = kinds[kind]
+        return pooled.line.scaled(self._factor(kind, pooled.evidence))
 
     def _probeable(self, snapshot: PoolSnapshot, view: BackendView) -> bool:
         """A probe must measure the backend on its own: its group idle (a co-located partner's steps
         would be interleaved with the probe's) and not in a busy spell, and EAGLE within its cap."""
         shared = sum(v.group == view.group for v in snapshot.backends) > 1
-        quiet = not shared or self._recent.get(view.group, 0.0) < PROBE_MAX_RECENT_LOAD
+        quiet = not shared or max(self._group_loads(snapshot)) < PROBE_MAX_LOAD
         return self._open(view) and snapshot.group_inflight(view) == 0 and quiet
 
     def _cold(
@@ -315,7 +346,7 @@ class AdaptivePolicy(Policy):
         snapshot: PoolSnapshot,
         available: list[BackendView],
         outlooks: dict[str, Outlook],
-        kinds: dict[bool, tuple[TpotLine, float]],
+        kinds: dict[bool, KindLine],
     ) -> Decision | None:
         """Before every backend is fitted: measure unfitted ones on idle groups, a lone request
         speculates. None when each kind has a fitted backend whose line the unfitted ones of its
@@ -340,7 +371,7 @@ class AdaptivePolicy(Policy):
         least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
         return Decision(least.name, "adaptive_prior")
 
-    def _state(self, view: BackendView, outlook: Outlook, kinds: dict[bool, tuple[TpotLine, float]]) -> BackendState:
+    def _state(self, view: BackendView, outlook: Outlook, kinds: dict[bool, KindLine]) -> BackendState:
         """The backend as the group rule sees it: its kind's pooled line (EAGLE's scaled by the
         speculation prior), tau, and the share of expected output its in-flight requests still have
         to produce.
@@ -365,6 +396,17 @@ class AdaptivePolicy(Policy):
             tau=tau,
             remaining=remaining,
         )
+
+    def _group_loads(self, snapshot: PoolSnapshot) -> tuple[float, float]:
+        """The load each group is expected to carry over the next request life, and the load each has
+        been carrying over the last few: the node's forecast and settled load over its groups."""
+        groups = len({v.group for v in snapshot.backends if v.available}) or 1
+        reading = (snapshot.at, snapshot.load_area, snapshot.total_inflight, snapshot.pending)
+        return self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups
+
+    def _groups(self, snapshot: PoolSnapshot) -> dict[str, GroupState]:
+        load, settled = self._group_loads(snapshot)
+        return {v.group: GroupState(load, self._modes.get(v.group), settled) for v in snapshot.backends}
 
     def _capped_was_faster(self, states: list[BackendState], chosen: str) -> bool:
         """Whether a backend at its cap would have served this request faster than the one chosen."""

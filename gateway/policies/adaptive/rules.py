@@ -1,15 +1,17 @@
 """Which (GPU group, mode) a request goes to: the adaptive rule for K groups, and the tier rules, as pure functions.
 
 A group is GPUs running one EAGLE-3 and one plain server co-located (their steps take turns) or one
-server alone (partitioned). Per backend: its TPOT line (`alpha + beta*n`), in-flight count, tau and
-the share of its in-flight output still to come; per group its recent load. `choose`, reasons in
-brackets: (1) a co-located group runs the mode serving its expected load `L = max(n_group + 1,
-recent)` fastest [`adaptive_predicted_faster`]; (2) it stays in its current mode while switching
-(both servers' steps until the old mode drains) costs more than staying a life in the slower mode
-[`adaptive_group_stay`]; (3) the request goes to the group where it is predicted fastest at that
-group's total load (alone: the backend's own load); (4) a capped backend gets nothing
-[`adaptive_cap`]. The derivation and what each part buys: docs/adaptive.md and
-docs/benchmarks/group-policy-model.md.
+server alone (partitioned). Per backend: its TPOT curve, in-flight count, tau and the share of its
+in-flight output still to come; per group the load expected over the next request life, the load it
+has been carrying (settled) and the mode its requests last went to. `choose`, reasons in brackets:
+(1) a co-located group runs the mode serving its expected load `L = max(n_group + 1, expected)`
+fastest [`adaptive_predicted_faster`]; (2) it changes mode only when the gain over a few lives pays
+for the requests a switch strands in the old mode (both servers' steps every round until they
+drain) [`adaptive_group_switch`, else `adaptive_group_stay`], and it turns to speculation only when
+that also holds at its settled load and within the load EAGLE was measured at; (3) the request goes
+to the group where it would decode fastest, priced at the round it joins (its server's step plus
+the other server's, if that one has requests); (4) a capped backend gets nothing [`adaptive_cap`].
+The derivation and what each part buys: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gateway.policies.adaptive.fit import Fit
+from gateway.policies.adaptive.fit import Curve
 from gateway.policies.lane import TierSettings
 from gateway.pool.snapshot import PoolSnapshot
 
-# The rule reads the fit's line: seconds per output token with n requests in flight, `alpha + beta*n`.
-TpotLine = Fit
+# A group changes mode only for a mode faster by more than this share (within it, either serves its load)...
+SWITCH_MARGIN = 0.03
+# ... and when staying would lose, over this many request lives, more than the switch strands.
+SWITCH_HORIZON = 4.0
+# A group leaves plain decode for speculation only at loads within this factor of the largest EAGLE was
+# measured at: EAGLE's cost grows fastest with the batch, and measurements at light load miss what
+# heavy load adds (more prefill between steps), so its extrapolation flatters it where plain is measured.
+EAGLE_REACH = 1.25
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,7 @@ class BackendState:
     available: bool
     inflight: int
     cap: int | None = None  # most requests it may have at once; None: no cap
-    line: TpotLine | None = None  # fitted TPOT line; None until fitted
+    line: Curve | None = None  # fitted TPOT curve; None until fitted
     tau: float = 1.0  # output tokens per decode step per request (EAGLE: the observed acceptance length)
     # Share of their expected output its in-flight requests have still to produce. Unknown: 0, so
     # a group switches at once (a 1 would keep it in its mode for as long as requests keep coming).
@@ -49,6 +57,16 @@ class BackendState:
 
 
 @dataclass(frozen=True)
+class GroupState:
+    """A group as the policy knows it beyond its backends: the load it is expected to carry over the next
+    request life, and the mode its new requests have been going to (None: none yet)."""
+
+    load: float = 0.0
+    mode: bool | None = None  # speculative?
+    settled: float = 0.0  # its mean load over the last few lives: speculation resumes only when that is light too
+
+
+@dataclass(frozen=True)
 class _Option:
     backend: BackendState
     reason: str
@@ -56,24 +74,23 @@ class _Option:
     load: int  # the group's in-flight count
 
 
-def choose(backends: Sequence[BackendState], recent_load: Mapping[str, float] | None = None) -> tuple[str, str]:
+def choose(backends: Sequence[BackendState], groups: Mapping[str, GroupState] | None = None) -> tuple[str, str]:
     """The backend for one request and the reason label; see the module docstring for the rule.
 
-    `recent_load` maps a group to the mean in-flight count its recent requests ran under (its
-    typical load); groups missing from it have none yet.
+    `groups` holds each group's expected load and mode; a group missing from it has neither yet.
     """
     available = [b for b in backends if b.available]
     if not available:
         raise ValueError("no backend is available")
-    recent = recent_load or {}
+    known = groups or {}
     if len(available) == 1:
         return available[0].name, "adaptive_unavailable"
     if any(b.line is None for b in available):
         return _cold(available)
-    groups: dict[str, list[BackendState]] = {}
+    by_group: dict[str, list[BackendState]] = {}
     for b in available:
-        groups.setdefault(b.group, []).append(b)
-    options = [opt for members in groups.values() if (opt := _group_option(members, recent.get(members[0].group, 0.0)))]
+        by_group.setdefault(b.group, []).append(b)
+    options = [opt for name, members in by_group.items() if (opt := _group_option(members, known.get(name, GroupState())))]
     if not options:  # every backend is at its cap: the least loaded takes the overflow
         least = min(available, key=lambda b: (b.inflight, b.name))
         return least.name, "adaptive_cap"
@@ -120,30 +137,63 @@ def _switch_loss(old: BackendState, new: BackendState, load: float) -> float:
     return old.remaining / old.tau * extra
 
 
-def _group_option(members: list[BackendState], recent: float) -> _Option | None:
+def _group_option(members: list[BackendState], state: GroupState) -> _Option | None:
     """The best backend of one group for this request, with its predicted TPOT there."""
     total = sum(b.inflight for b in members)
-    expected = max(total + 1.0, recent)
-    ranked = sorted(members, key=lambda b: (_tpot(b, expected if len(members) > 1 else b.inflight + 1), b.name))
-    open_ = [b for b in ranked if b.open]
+    open_ = [b for b in members if b.open]
     if not open_:
         return None
-    pick, reason = open_[0], "adaptive_predicted_faster" if open_[0] is ranked[0] else "adaptive_cap"
-    busy_others = [b for b in members if b is not pick and b.inflight > 0]
-    # Without a recent load the group has no history to say whether the old mode's requests will
-    # drain together or a larger burst is still arriving: it switches at once.
-    if len(members) > 1 and recent > 0.0 and pick.inflight == 0 and busy_others and reason != "adaptive_cap":
-        stay = max(busy_others, key=lambda b: b.inflight)
-        # The load ahead is at least what has arrived and, in a burst, likely more: at least
-        # twice what the old mode already holds.
-        ahead = max(expected, 2.0 * stay.inflight)
-        if stay.open and _switch_loss(stay, pick, ahead) > _stay_loss(stay, pick, ahead):
+    if len(members) == 1:  # partitioned: at its own load
+        only = members[0]
+        return _Option(only, "adaptive_predicted_faster", _tpot(only, only.inflight + 1), total)
+    load = max(total + 1.0, state.load)
+    ranked = sorted(members, key=lambda b: (_tpot(b, load), b.name))
+    best = next(b for b in ranked if b.open)
+    pick, reason = best, "adaptive_predicted_faster" if best is ranked[0] else "adaptive_cap"
+    mode = _mode(members, state)
+    if mode is not None and best.speculative != mode:
+        stay = next(b for b in members if b.speculative == mode)
+        if not stay.open:
+            pick, reason = best, "adaptive_cap"
+        elif not _worth_switching(stay, best, load) or (best.speculative and not _may_speculate(stay, best, load, state)):
             pick, reason = stay, "adaptive_group_stay"
-    # Co-located, the request is predicted at the group's total load (steps take turns, so every
-    # request in the group slows it): identical groups then fill least-loaded first whatever the
-    # lines' errors. Alone, at the backend's own load (the partitioned rule).
-    predicted = _tpot(pick, (total if len(members) > 1 else pick.inflight) + 1)
-    return _Option(pick, reason, predicted, total)
+        else:
+            reason = "adaptive_group_switch"
+    return _Option(pick, reason, _joined_tpot(pick, members), total)
+
+
+def _joined_tpot(pick: BackendState, members: list[BackendState]) -> float:
+    """The TPOT a request joining `pick` would see: co-located servers take turns on the GPU, so a round
+    is `pick`'s step with it plus the step of every other server of the group that has requests."""
+    round_time = _step(pick, pick.inflight + 1) + sum(_step(b, b.inflight) for b in members if b is not pick)
+    return round_time / pick.tau
+
+
+def _worth_switching(old: BackendState, new: BackendState, load: float) -> bool:
+    """Whether a group at `load` should leave `old`'s mode for `new`'s: the new mode must be faster by more
+    than the noise of the lines (`SWITCH_MARGIN`), and what staying loses over `SWITCH_HORIZON` lives must
+    pay for the requests a switch strands in the old mode."""
+    gain = _stay_loss(old, new, load)
+    return gain > SWITCH_MARGIN * _tpot(new, load) and gain * SWITCH_HORIZON > _switch_loss(old, new, load)
+
+
+def _may_speculate(plain: BackendState, eagle: BackendState, load: float, state: GroupState) -> bool:
+    """Whether a group running plain decode may turn to speculation: worth it at its settled load too (a
+    lull must outlast a few lives), and that load within EAGLE's measured reach."""
+    settled = max(load, state.settled)
+    assert eagle.line is not None
+    return settled <= EAGLE_REACH * max(eagle.line.reach, 1.0) and _worth_switching(plain, eagle, settled)
+
+
+def _mode(members: list[BackendState], state: GroupState) -> bool | None:
+    """The mode a co-located group runs: that of its in-flight requests, the one its new requests go to
+    while both hold some (a switch draining) or while it is idle (None: never routed to)."""
+    busy = {b.speculative for b in members if b.inflight > 0}
+    if len(busy) == 1:
+        return busy.pop()
+    if not busy or state.mode is not None:
+        return state.mode
+    return max(members, key=lambda b: b.inflight).speculative
 
 
 def least_harm(snapshot: PoolSnapshot, states: Sequence[BackendState], slo: float) -> tuple[str, str] | None:
@@ -177,7 +227,7 @@ def lane_view(states: list[BackendState], settings: TierSettings) -> list[Backen
             continue
         line = s.line
         if line is not None and sizes[s.group] == 1:
-            line = TpotLine(line.alpha * scale, line.beta * scale)
+            line = line.scaled(scale)
         cap = max(s.cap - settings.slots, 0) if s.cap is not None else None
         out.append(replace(s, line=line, cap=cap))
     return out
