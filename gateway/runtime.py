@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from gateway.config import BackendConfig, Settings
@@ -20,6 +21,7 @@ from gateway.pool.affinity import ResponseHomes, RidTable
 from gateway.pool.backends import Backend, Pool
 from gateway.pool.board import Board
 from gateway.pool.health import HealthChecker
+from gateway.pool.tenant_limits import Limits, TenantLimits
 from gateway.relay.pacing import TurnPacer
 from gateway.upstream.client import UpstreamClient
 
@@ -76,7 +78,12 @@ class Runtime:
         self.requests: set[Any] = set()  # proxied requests in progress (`ProxyResponse`), to end them on shutdown
         self.pacer = TurnPacer(REQUESTS_PER_TURN)
         self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
+        tenants = settings.security.tenants
+        self.tenant_limits = TenantLimits(
+            self.pool.board, [Limits(t.requests_per_minute, t.tokens_per_minute, t.max_inflight) for t in tenants]
+        )
         metrics.prepare(self.pool.names, ENDPOINTS)
+        metrics.prepare_tenants([t.name for t in tenants])
         metrics.watch(self.pool, self.beliefs)
         metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))
 
@@ -138,6 +145,7 @@ class Runtime:
         while True:
             await asyncio.sleep(CATCH_UP_SECONDS)
             self.catch_up()
+            self.tenant_limits.fold(time.monotonic())  # the tokens relayed here reach the other workers' admissions
 
     def beliefs(self) -> dict[str, Any]:
         """What the policy currently believes (empty for static policies)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from gateway.pool.board import AREA, CHUNKS, EXPECTED, INFLIGHT, SERVED, SINCE, Board, LocalBoard
 from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_load
 from gateway.pool.snapshot import BackendView, PoolSnapshot
+from gateway.pool.tenant_limits import Lease
 
 OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
 
@@ -129,13 +130,15 @@ class Slot:
     """
 
     __slots__ = (
-        "backend", "weight", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected", "_chunks"
+        "backend", "weight", "lease", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected",
+        "_chunks",
     )
 
     def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1) -> None:
         self._pool = pool
         self.backend = backend
         self.weight = weight
+        self.lease: Lease | None = None  # its tenant's hold on its limits, given back with the slot
         self._released = False
         self._max_tokens = max_tokens
         self._chunks = 0
@@ -156,6 +159,8 @@ class Slot:
         self._released = True
         self._pool._release(self.backend, self.weight)
         self.backend._add(-self._expected, -self._chunks)
+        if self.lease is not None:
+            self.lease.release()
 
     def _expect(self, backend: Backend) -> float:
         """Count this request's expected output on `backend`: its max_tokens, else the backend's mean length."""

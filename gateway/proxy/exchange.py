@@ -28,6 +28,7 @@ from gateway.pool.backends import Backend, Slot
 from gateway.proxy.admission import admit, fail_over
 from gateway.proxy.cancel import ExchangeCancel
 from gateway.proxy.job import ProxyJob
+from gateway.proxy.rate_limits import quota_headers
 from gateway.relay.gaps import GapBuffer
 from gateway.runtime import Runtime
 from gateway.tiers import tier_header
@@ -40,14 +41,16 @@ CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a stat
 UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
 
 
-def _headers(job: ProxyJob, backend: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+def _headers(job: ProxyJob, slot: Slot, content_type: bytes, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"content-type", content_type),
-        (b"x-specgate-backend", backend.encode()),
+        (b"x-specgate-backend", slot.backend.name.encode()),
         (b"x-request-id", job.request_id.encode()),
         tier_header(job.tier),
     ]
-    return headers + (extra or [])
+    if slot.lease is not None:  # its tenant's buckets, as OpenAI reports them on every response
+        headers += [(k.encode(), v.encode()) for k, v in quota_headers(slot.lease.requests, slot.lease.tokens)]
+    return headers + extra
 
 
 class ProxyResponse(Response):
@@ -147,6 +150,8 @@ class ProxyResponse(Response):
                 rt.metrics.duration.labels(name).observe(time.monotonic() - job.arrived_at)
             rt.metrics.requests.labels(name, job.endpoint, self._status).inc()
             rt.metrics.tier_requests.labels(job.tier, self._status).inc()
+            if job.tenant is not None:
+                rt.metrics.tenant_requests.labels(job.tenant.name, self._status).inc()
 
     def _encode(self, backend: Backend) -> bytes:
         job = self._job
@@ -252,8 +257,8 @@ class ProxyResponse(Response):
             return
         self._count_usage(name, usage)
         payload = echo_json(payload, self._job.tier) if self._job.echo_tier else payload
-        length = [(b"content-length", str(len(payload)).encode())]
-        headers = _headers(self._job, name, b"application/json", length)
+        assert self._slot is not None
+        headers = _headers(self._job, self._slot, b"application/json", [(b"content-length", str(len(payload)).encode())])
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         rt.metrics.overhead.observe(time.monotonic() - handled_at)
         await send({"type": "http.response.body", "body": payload, "more_body": False})
@@ -276,7 +281,7 @@ class ProxyResponse(Response):
                 "status": 200,
                 "headers": _headers(
                     job,
-                    backend.name,
+                    slot,
                     job.dialect.stream_content_type,
                     [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
                 ),
@@ -292,7 +297,7 @@ class ProxyResponse(Response):
                 strip_usage=not job.client_wants_usage,
                 idle_timeout=rt.settings.timeouts.idle,
                 on_first=on_first,
-                on_token=slot.mark_token,
+                on_token=slot.mark_token if slot.lease is None else slot.lease.metering(slot.mark_token),
                 on_gap=gaps.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
                 writer=self._writer,
                 **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
@@ -327,10 +332,17 @@ class ProxyResponse(Response):
     def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> None:
         if not usage:
             return
+        rt, tenant = self._rt, self._job.tenant
         completion_tokens = int(usage.get("completion_tokens") or 0)
-        self._rt.pool.record_output(backend, completion_tokens)
-        self._rt.metrics.output_tokens.labels(backend).inc(completion_tokens)
-        self._rt.metrics.prompt_tokens.labels(backend).inc(int(usage.get("prompt_tokens") or 0))
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        rt.pool.record_output(backend, completion_tokens)
+        rt.metrics.output_tokens.labels(backend).inc(completion_tokens)
+        rt.metrics.prompt_tokens.labels(backend).inc(prompt_tokens)
+        if tenant is not None:
+            rt.metrics.tenant_tokens.labels(tenant.name, "prompt").inc(prompt_tokens)
+            rt.metrics.tenant_tokens.labels(tenant.name, "completion").inc(completion_tokens)
+            if self._slot is not None and self._slot.lease is not None:
+                self._slot.lease.settle(prompt_tokens, completion_tokens)
 
     async def _fail(self, send: Send, status: int, message: str, code: str) -> None:
         self._status = str(status)
