@@ -23,6 +23,7 @@ from gateway.pool.board import Board
 from gateway.pool.health import HealthChecker
 from gateway.pool.tenant_limits import Limits, TenantLimits
 from gateway.relay.pacing import TurnPacer
+from gateway.telemetry.record import Telemetry
 from gateway.upstream.client import UpstreamClient
 
 ENDPOINTS = ("chat", "completions", "generate", "responses", "ollama_chat", "ollama_generate")
@@ -78,6 +79,7 @@ class Runtime:
         self.requests: set[Any] = set()  # proxied requests in progress (`ProxyResponse`), to end them on shutdown
         self.pacer = TurnPacer(REQUESTS_PER_TURN)
         self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
+        self.telemetry: Telemetry | None = None  # traces and access log of a serving process, when either is on
         tenants = settings.security.tenants
         self.tenant_limits = TenantLimits(
             self.pool.board, [Limits(t.requests_per_minute, t.tokens_per_minute, t.max_inflight) for t in tenants]
@@ -95,6 +97,7 @@ class Runtime:
         self.health.start()
         if serving:
             self._catching_up = asyncio.create_task(self._keep_caught_up(), name="catch-up")
+            self.telemetry = Telemetry.from_settings(self.settings, self.policy.name)  # its threads are this process's
 
     async def stop(self) -> None:
         """Stop health checking and close every upstream connection."""
@@ -105,6 +108,9 @@ class Runtime:
         await self.health.stop()
         for upstream in self.upstreams.values():
             await upstream.close()
+        if self.telemetry is not None:
+            await self.telemetry.close()
+            self.telemetry = None
 
     @property
     def draining(self) -> bool:

@@ -5,7 +5,8 @@ request's lifetime lives in one `try/finally`: the in-flight slot (released ther
 else), the upstream connection and the metrics. What a response teaches the policy (its decode
 window and the load it ran under) is measured by the slot. When the client leaves first (even while
 SGLang is still queueing or prefilling and has sent no header yet) the exchange is cancelled, which
-closes the upstream connection, which makes SGLang abort the request.
+closes the upstream connection, which makes SGLang abort the request. With tracing or the access
+log on, an `ExchangeRecord` (gateway/telemetry) is told the exchange's steps and how it ended.
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ from gateway.dialects.openai import echo_json, stream_echo
 from gateway.edge.body_writer import BodyWriter, body_writer
 from gateway.edge.client_watch import watch_client
 from gateway.errors import OpenAIError
-from gateway.policies import Completion
+from gateway.policies import FAILOVER, Completion
 from gateway.pool.backends import Backend, Slot
 from gateway.proxy.admission import admit, fail_over
 from gateway.proxy.cancel import ExchangeCancel
 from gateway.proxy.job import ProxyJob
 from gateway.proxy.rate_limits import quota_headers
+from gateway.relay import StreamResult
 from gateway.relay.gaps import GapBuffer
 from gateway.runtime import Runtime
+from gateway.telemetry.record import ExchangeRecord, Outcome
 from gateway.tiers import tier_header
 from gateway.upstream.errors import BadResponse, ConnectFailed, WireError, local_kind
 from gateway.upstream.http11 import WireResponse
@@ -67,8 +70,20 @@ class ProxyResponse(Response):
         self._interrupted = False  # the gateway is stopping: the client gets a 503 or an error event
         self._writer: BodyWriter | None = None
         self._exchange = ExchangeCancel()  # the exchange runs in the request's own task
+        self._rec: ExchangeRecord | None = None  # telemetry's notes, when tracing or the access log is on
+        self._usage: dict[str, Any] | None = None
+        self._result: StreamResult | None = None  # what the stream relay saw
+        self._finish: str | None = None  # a whole response's finish reason (sampled requests only)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        telemetry, job = self._rt.telemetry, self._job
+        if telemetry is not None:
+            model = job.body.get("model")
+            tenant = job.tenant.name if job.tenant is not None else None
+            self._rec = telemetry.begin(
+                job.request_id, scope["path"], model if isinstance(model, str) else None, tenant, job.tier, job.arrived_at,
+                scope["headers"],
+            )
         turn = self._rt.pacer.turn()
         if turn is not None:
             await turn
@@ -125,7 +140,7 @@ class ProxyResponse(Response):
             try:
                 if self._client_left:  # before the exchange began: counted, nothing sent
                     return
-                self._slot = admit(rt, job)
+                self._slot = self._admit()
                 resp = await self._dispatch()
             except OpenAIError as err:
                 self._status = str(err.status)
@@ -152,6 +167,46 @@ class ProxyResponse(Response):
             rt.metrics.tier_requests.labels(job.tier, self._status).inc()
             if job.tenant is not None:
                 rt.metrics.tenant_requests.labels(job.tenant.name, self._status).inc()
+            if self._rec is not None:
+                self._rec.finish(self._outcome(resp))
+
+    def _admit(self) -> Slot:
+        rec = self._rec
+        if rec is None:
+            return admit(self._rt, self._job)
+        rec.admitting()
+        try:
+            return admit(self._rt, self._job)
+        finally:
+            rec.admitted()
+
+    def _outcome(self, resp: WireResponse | None) -> Outcome:
+        """How the exchange ended, for its record."""
+        job, slot, result = self._job, self._slot, self._result
+        status = int(self._status)
+        if slot is None:
+            return Outcome(status, client_gone=self._client_left)
+        decision, backend, usage = job.decision, slot.backend, self._usage
+        predicted = None
+        if self._rec is not None and self._rec.sampled and decision is not None and job.decided_on is not None:
+            predicted = self._rt.policy.predicted_tpot(job.decided_on, decision.backend)
+        finish = result.finish_reason if result is not None else self._finish
+        return Outcome(
+            status,
+            backend.name,
+            backend.group,
+            backend.speculative,
+            decision.reason if decision is not None else None,
+            decision is not None and decision.reason == FAILOVER,
+            predicted,
+            resp.status if resp is not None else None,
+            usage,
+            result.first_token_at if result is not None else None,
+            result.token_chunks if result is not None else 0,
+            finish,
+            result.error_kind if result is not None else None,
+            self._client_left,
+        )
 
     def _encode(self, backend: Backend) -> bytes:
         job = self._job
@@ -207,10 +262,13 @@ class ProxyResponse(Response):
         Such a failure leaves the backend's health alone and is not failed over: every other backend
         is behind the same wall.
         """
-        rt = self._rt
+        rt, rec = self._rt, self._rec
+        headers = b"" if rec is None else rec.upstream_header(backend.name)  # the trace context, with tracing on
         try:
-            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend))
+            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend), headers)
         except Exception as exc:
+            if rec is not None:
+                rec.attempt_failed(type(exc).__name__)
             kind = local_kind(exc)
             if kind is None:
                 raise
@@ -250,15 +308,21 @@ class ProxyResponse(Response):
             return
         handled_at = time.monotonic()
         try:
-            usage = self._job.dialect.usage(orjson.loads(payload))
+            decoded = orjson.loads(payload)
+            usage = self._job.dialect.usage(decoded)
         except (ValueError, AttributeError, TypeError):  # orjson.JSONDecodeError is a ValueError
             rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
             await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
             return
         self._count_usage(name, usage)
+        rec = self._rec
+        if rec is not None and rec.sampled:
+            self._finish = _finish_reason(decoded)
         payload = echo_json(payload, self._job.tier) if self._job.echo_tier else payload
         assert self._slot is not None
         headers = _headers(self._job, self._slot, b"application/json", [(b"content-length", str(len(payload)).encode())])
+        if rec is not None:
+            rec.responding()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         rt.metrics.overhead.observe(time.monotonic() - handled_at)
         await send({"type": "http.response.body", "body": payload, "more_body": False})
@@ -275,6 +339,8 @@ class ProxyResponse(Response):
             rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
             rt.metrics.tier_ttft.labels(job.tier).observe(now - job.arrived_at)
 
+        if self._rec is not None:
+            self._rec.responding()
         await send(
             {
                 "type": "http.response.start",
@@ -305,6 +371,7 @@ class ProxyResponse(Response):
         finally:
             rt.pacer.streams -= 1
             gaps.flush()
+        self._result = result
         await send({"type": "http.response.body", "body": result.tail, "more_body": False})
         if result.error_kind is not None:
             rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
@@ -330,6 +397,7 @@ class ProxyResponse(Response):
             )
 
     def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> None:
+        self._usage = usage
         if not usage:
             return
         rt, tenant = self._rt, self._job.tenant
@@ -357,3 +425,11 @@ class ProxyResponse(Response):
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _finish_reason(body: Any) -> str | None:
+    """The first choice's finish reason of a whole OpenAI response body (None: it has none)."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    reason = first.get("finish_reason") if isinstance(first, dict) else None
+    return reason if isinstance(reason, str) else None
