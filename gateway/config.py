@@ -183,7 +183,7 @@ class TelemetryConfig(_Section):
     )
     service_name: str = "specgate"
     sample_ratio: float = Field(
-        default=0.1, ge=0.0, le=1.0, description="share of new traces recorded; a client's sampled flag is followed"
+        default=0.01, ge=0.0, le=1.0, description="share of new traces recorded; a client's sampled flag is followed"
     )
 
 

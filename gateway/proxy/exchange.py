@@ -167,7 +167,7 @@ class ProxyResponse(Response):
             rt.metrics.tier_requests.labels(job.tier, self._status).inc()
             if job.tenant is not None:
                 rt.metrics.tenant_requests.labels(job.tenant.name, self._status).inc()
-            if self._rec is not None:
+            if self._rec is not None and self._rec.wants_outcome:
                 self._rec.finish(self._outcome(resp))
 
     def _admit(self) -> Slot:

@@ -1,7 +1,8 @@
 """The access log: one JSON line per proxied request, written by a thread of its own.
 
-The event loop puts a request's fields on a queue as one tuple (`record`: a C call, no encoding);
-the writer thread turns whatever has queued up into JSON lines and writes them at once to its sink
+The event loop appends a request's fields to a deque as one tuple (`record`: no encoding, and no
+wake-up of another thread: one per request cost more than the line); the writer thread wakes every
+`FLUSH_SECONDS`, turns what has queued up into JSON lines and writes them at once to its sink
 (stdout, or a file rotated by size: log_file.py). A full queue (a sink slower than the traffic)
 drops lines rather than memory; `dropped` counts them. `close` writes what is left first.
 """
@@ -9,10 +10,10 @@ drops lines rather than memory; `dropped` counts them. `close` writes what is le
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
+from collections import deque
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 
@@ -21,15 +22,15 @@ from gateway.telemetry.log_file import Descriptor, RotatingFile, Sink
 
 log = logging.getLogger("specgate.access_log")
 
-# A line's keys, in the order `record` takes their values. time: the request's arrival (RFC 3339, UTC);
-# route: the path the client called; rule: the routing rule that chose the backend; mode: eagle or plain.
+# A line's keys. time: the request's arrival (RFC 3339, UTC); route: the path the client called; rule:
+# the routing rule that chose the backend; mode: eagle or plain; cached_tokens: SGLang's
+# usage.prompt_tokens_details.cached_tokens (with --enable-cache-report), else 0.
 FIELDS = (
     "time", "request_id", "trace_id", "tenant", "route", "model", "backend", "group", "mode", "tier", "rule", "status",
     "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "e2e_ms", "failover", "client_gone", "error",
 )
+FLUSH_SECONDS = 0.1  # how long a line may wait for the writer
 _MAX_QUEUED = 100_000
-_BATCH = 4096  # lines encoded and written per wake-up, at most
-_STOP = object()
 
 
 def sink_for(config: LoggingConfig) -> Sink | None:
@@ -46,34 +47,32 @@ class AccessLog:
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._queue: deque[tuple[Any, ...]] = deque()  # appended and popped atomically, from any thread
         self.dropped = 0
+        self._stop = threading.Event()
         self._writer = threading.Thread(target=self._run, name="access-log", daemon=True)
         self._writer.start()
 
-    def record(self, values: tuple[object, ...]) -> None:
-        """Log one request: `values` in `FIELDS` order, its time as seconds since the epoch."""
-        if self._queue.qsize() >= _MAX_QUEUED:
+    def record(self, values: tuple[Any, ...]) -> None:
+        """Log one request: `values` as `Line` takes them (raw: the writer formats them)."""
+        if len(self._queue) >= _MAX_QUEUED:
             self.dropped += 1
             return
-        self._queue.put(values)
+        self._queue.append(values)
 
     def close(self) -> None:
         """Write every line recorded so far and stop the writer (blocks: call it off the event loop)."""
-        self._queue.put(_STOP)
+        self._stop.set()
         self._writer.join()
         self._sink.close()
 
     def _run(self) -> None:
-        failing = False
+        failing, line = False, Line()
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < _BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            lines = [orjson.dumps(dict(zip(FIELDS, _timed(v), strict=True))) for v in batch if v is not _STOP]
+            stopping = self._stop.wait(FLUSH_SECONDS)
+            lines = []
+            while self._queue:
+                lines.append(orjson.dumps(line(*self._queue.popleft())))
             try:
                 if lines:
                     self._sink.write(b"\n".join(lines) + b"\n")
@@ -82,17 +81,38 @@ class AccessLog:
                 if not failing:  # once per failing stretch, not once per line
                     log.warning("access log lines lost: %s", exc)
                 failing = True
-            if batch[-1] is _STOP:
+            if stopping:
                 return
 
 
-def _timed(values: object) -> tuple[object, ...]:
-    """`values` with its first one, seconds since the epoch, as RFC 3339 UTC to the millisecond."""
-    at, *rest = values  # type: ignore[misc]
-    stamp = datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return (stamp, *rest)
+class Line:
+    """One request's raw values as its line's fields (in the writer: the event loop only gathered them)."""
 
+    def __init__(self) -> None:
+        self._second, self._prefix = -1, ""  # the date and time, formatted once a second
 
-def epoch(monotonic: float) -> float:
-    """A `time.monotonic()` reading as seconds since the epoch."""
-    return time.time() - (time.monotonic() - monotonic)
+    def __call__(self, arrived: float, e2e: float, ttft: float | None, request_id: str, trace_id: int | None,
+                 tenant: str | None, route: str, model: str | None, backend: str | None, group: str | None,
+                 speculative: bool | None, tier: str, rule: str | None, status: int, usage: dict[str, Any] | None,
+                 failover: bool, client_gone: bool, error: str | None) -> dict[str, Any]:
+        """`arrived`: seconds since the epoch; `e2e`, `ttft`: seconds since the arrival; `usage`: the response's."""
+        second = int(arrived)
+        if second != self._second:
+            self._second = second
+            self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        details = usage.get("prompt_tokens_details") if usage else None
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return {
+            "time": f"{self._prefix}.{int((arrived - second) * 1000):03d}Z",
+            "request_id": request_id,
+            "trace_id": None if trace_id is None else f"{trace_id:032x}",
+            "tenant": tenant, "route": route, "model": model, "backend": backend, "group": group,
+            "mode": None if speculative is None else ("eagle" if speculative else "plain"),
+            "tier": tier, "rule": rule, "status": status,
+            "prompt_tokens": usage.get("prompt_tokens") if usage else None,
+            "cached_tokens": (cached or 0) if usage else None,
+            "completion_tokens": usage.get("completion_tokens") if usage else None,
+            "ttft_ms": None if ttft is None else round(ttft * 1e3, 3),
+            "e2e_ms": round(e2e * 1e3, 3),
+            "failover": failover, "client_gone": client_gone, "error": error,
+        }

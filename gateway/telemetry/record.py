@@ -19,19 +19,19 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from gateway.config import Settings
-from gateway.telemetry.access_log import AccessLog, epoch, sink_for
+from gateway.telemetry.access_log import AccessLog, sink_for
 from gateway.telemetry.tracing import SpanRecord, Trace, Tracing, new_span_id
 
 # The routing decision's span attributes. Prefix tokens: the prompt tokens the chosen backend is
 # expected to hold in its prefix cache; 0 until a policy predicts cache hits.
 ROUTE_POLICY, ROUTE_RULE, ROUTE_BACKEND = "specgate.route.policy", "specgate.route.rule", "specgate.route.backend"
-ROUTE_GROUP, ROUTE_MODE, ROUTE_TIER = "specgate.route.group", "specgate.route.mode", "specgate.route.tier"
+ROUTE_GROUP, ROUTE_MODE = "specgate.route.group", "specgate.route.mode"
 ROUTE_PREDICTED_TPOT, ROUTE_PREFIX_TOKENS = "specgate.route.predicted_tpot_ms", "specgate.route.prefix_tokens_expected"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per request
 class Outcome:
-    """How an exchange ended, as the proxy saw it (None: it did not get that far)."""
+    """How an exchange ended, as the proxy saw it (None: it did not get that far); built once, read once."""
 
     status: int  # what the client got; 499: it left first
     backend: str | None = None
@@ -103,15 +103,22 @@ class ExchangeRecord:
         self._timed = trace is not None and trace.sampled
         self.request_id, self.route, self.model, self.tenant, self.tier = request_id, route, model, tenant, tier
         self.arrived_at = arrived_at
-        self._offset = time.time_ns() - time.monotonic_ns() if self._timed else 0  # monotonic -> epoch ns
+        self._offset = 0  # monotonic -> epoch ns, and the times below: sampled requests only
         self._route: list[int] = []  # routing's start and end
         self._attempts: list[list[Any]] = []  # per upstream attempt: span id, backend, start, end, failure
         self._relay_at = 0
+        if self._timed:
+            self._offset = time.time_ns() - time.monotonic_ns()
 
     @property
     def sampled(self) -> bool:
         """Whether this request's spans are recorded."""
         return self._timed
+
+    @property
+    def wants_outcome(self) -> bool:
+        """Whether `finish` does anything with the outcome: a log line to write, or spans."""
+        return self._timed or self._telemetry.access_log is not None
 
     def admitting(self) -> None:
         """Admission (limits, the policy's decision, the slot) starts."""
@@ -144,21 +151,20 @@ class ExchangeRecord:
 
     def finish(self, outcome: Outcome) -> None:
         """The exchange ended: its access-log line, and its spans when sampled."""
-        telemetry, usage = self._telemetry, outcome.usage or {}
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details")
-        cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
+        telemetry, o, trace = self._telemetry, outcome, self._trace
         now = time.monotonic()
-        if telemetry.access_log is not None:
-            ttft = outcome.first_token_at
+        if telemetry.access_log is not None:  # raw values: the writer thread formats them
+            ttft = o.first_token_at
             telemetry.access_log.record((
-                epoch(self.arrived_at), self.request_id, self.trace_id, self.tenant, self.route, self.model,
-                outcome.backend, outcome.group, _mode(outcome.speculative), self.tier, outcome.rule, outcome.status,
-                prompt, cached if usage else None, completion, None if ttft is None else round((ttft - self.arrived_at) * 1e3, 3),
-                round((now - self.arrived_at) * 1e3, 3), outcome.failover, outcome.client_gone, outcome.error,
+                time.time() - (now - self.arrived_at), now - self.arrived_at, None if ttft is None else ttft - self.arrived_at,
+                self.request_id, None if trace is None else trace.trace_id, self.tenant, self.route, self.model, o.backend,
+                o.group, o.speculative, self.tier, o.rule, o.status, o.usage, o.failover, o.client_gone, o.error,
             ))
-        if self._timed and telemetry.tracing is not None and self._trace is not None:
-            telemetry.tracing.export(self._trace, self._spans(outcome, prompt, cached, completion, now))
+        if self._timed and telemetry.tracing is not None and trace is not None:
+            usage = o.usage or {}
+            details = usage.get("prompt_tokens_details")
+            cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
+            telemetry.tracing.export(trace, self._spans(o, usage.get("prompt_tokens"), cached, usage.get("completion_tokens"), now))
 
     @property
     def trace_id(self) -> str | None:
@@ -179,7 +185,7 @@ class ExchangeRecord:
         server_error = f"HTTP {o.status}" if o.status >= 500 else None
         spans = [SpanRecord(f"POST {self.route}", root, None, SpanKind.SERVER, self._offset + int(self.arrived_at * 1e9), end, attrs, server_error)]
         if len(self._route) == 2:
-            decision: dict[str, AttributeValue] = {ROUTE_POLICY: self._telemetry.policy, ROUTE_TIER: self.tier}
+            decision: dict[str, AttributeValue] = {ROUTE_POLICY: self._telemetry.policy}
             if o.backend is not None:
                 decision |= {ROUTE_RULE: o.rule or "", ROUTE_BACKEND: o.backend, ROUTE_GROUP: o.group or "",
                              ROUTE_MODE: _mode(o.speculative) or "", ROUTE_PREFIX_TOKENS: 0}
@@ -199,13 +205,12 @@ class ExchangeRecord:
                     upstream["gen_ai.usage.output_tokens"] = completion
                 if o.finish_reason is not None:
                     upstream["gen_ai.response.finish_reasons"] = (o.finish_reason,)
-                upstream["specgate.token_chunks"] = o.token_chunks
                 if o.first_token_at is not None:
                     events = (("first_token", self._offset + int(o.first_token_at * 1e9)),)
                 failure, stop = o.error, end
             spans.append(SpanRecord("upstream", span_id, root, SpanKind.CLIENT, start, stop, upstream, failure, events))
         if self._relay_at:
-            relay: dict[str, AttributeValue] = {"specgate.token_chunks": o.token_chunks, "specgate.client_gone": o.client_gone}
+            relay: dict[str, AttributeValue] = {"specgate.token_chunks": o.token_chunks}
             spans.append(SpanRecord("relay", new_span_id(), root, SpanKind.INTERNAL, self._relay_at, end, relay, o.error))
         return spans
 

@@ -39,7 +39,7 @@ _EXPORT_TIMEOUT = 10.0  # seconds the exporter waits for the collector, in its o
 _QUEUE = 16384  # spans waiting for export; beyond it the processor drops them (it never blocks the loop)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made for every request, and a frozen __init__ costs more
 class Trace:
     """The trace one request runs in: its id, the client's span (None: the trace starts here), whether it is recorded."""
 

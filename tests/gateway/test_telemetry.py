@@ -86,7 +86,7 @@ def test_a_failed_over_exchange_gives_four_spans_and_two_attempts() -> None:
     assert root.parent is not None and f"{root.parent.span_id:016x}" == SPAN and root.kind == SpanKind.SERVER
     assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in spans[1:])
     assert route.attributes is not None and dict(route.attributes) == {
-        "specgate.route.policy": "threshold", "specgate.route.tier": "default", "specgate.route.rule": "failover_retry",
+        "specgate.route.policy": "threshold", "specgate.route.rule": "failover_retry",
         "specgate.route.backend": "plain", "specgate.route.group": "g1", "specgate.route.mode": "plain",
         "specgate.route.prefix_tokens_expected": 0, "specgate.route.predicted_tpot_ms": 12.5,
     }
