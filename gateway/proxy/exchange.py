@@ -33,7 +33,9 @@ from gateway.proxy.rate_limits import quota_headers
 from gateway.relay import StreamResult
 from gateway.relay.gaps import GapBuffer
 from gateway.runtime import Runtime
-from gateway.telemetry.record import ExchangeRecord, Outcome
+from gateway.telemetry.outcome import Outcome
+from gateway.telemetry.record import ExchangeRecord
+from gateway.telemetry.tracing import Trace, new_span_id
 from gateway.tiers import tier_header
 from gateway.upstream.errors import BadResponse, ConnectFailed, WireError, local_kind
 from gateway.upstream.http11 import WireResponse
@@ -70,20 +72,19 @@ class ProxyResponse(Response):
         self._interrupted = False  # the gateway is stopping: the client gets a 503 or an error event
         self._writer: BodyWriter | None = None
         self._exchange = ExchangeCancel()  # the exchange runs in the request's own task
-        self._rec: ExchangeRecord | None = None  # telemetry's notes, when tracing or the access log is on
+        self._trace: Trace | None = None  # with tracing on: the trace it runs in
+        self._rec: ExchangeRecord | None = None  # a sampled request's spans in the making
         self._usage: dict[str, Any] | None = None
         self._result: StreamResult | None = None  # what the stream relay saw
         self._finish: str | None = None  # a whole response's finish reason (sampled requests only)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        telemetry, job = self._rt.telemetry, self._job
-        if telemetry is not None:
-            model = job.body.get("model")
-            tenant = job.tenant.name if job.tenant is not None else None
-            self._rec = telemetry.begin(
-                job.request_id, scope["path"], model if isinstance(model, str) else None, tenant, job.tier, job.arrived_at,
-                scope["headers"],
-            )
+        telemetry = self._rt.telemetry
+        if telemetry is not None and telemetry.tracing is not None:
+            trace = self._trace = telemetry.trace(scope["headers"])
+            if trace is not None and trace.sampled:
+                job = self._job
+                self._rec = telemetry.record(trace, job.request_id, job.path, self._model, self._tenant, job.tier, job.arrived_at)
         turn = self._rt.pacer.turn()
         if turn is not None:
             await turn
@@ -167,8 +168,22 @@ class ProxyResponse(Response):
             rt.metrics.tier_requests.labels(job.tier, self._status).inc()
             if job.tenant is not None:
                 rt.metrics.tenant_requests.labels(job.tenant.name, self._status).inc()
-            if self._rec is not None and self._rec.wants_outcome:
-                self._rec.finish(self._outcome(resp))
+            telemetry = rt.telemetry
+            if telemetry is not None and (telemetry.access_log is not None or self._rec is not None):
+                outcome = self._outcome(resp)
+                if telemetry.access_log is not None:
+                    telemetry.log(outcome, job.request_id, self._trace, self._tenant, job.path, self._model, job.tier, job.arrived_at)
+                if self._rec is not None:
+                    self._rec.finish(outcome)
+
+    @property
+    def _model(self) -> str | None:
+        model = self._job.body.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def _tenant(self) -> str | None:
+        return None if self._job.tenant is None else self._job.tenant.name
 
     def _admit(self) -> Slot:
         rec = self._rec
@@ -188,7 +203,7 @@ class ProxyResponse(Response):
             return Outcome(status, client_gone=self._client_left)
         decision, backend, usage = job.decision, slot.backend, self._usage
         predicted = None
-        if self._rec is not None and self._rec.sampled and decision is not None and job.decided_on is not None:
+        if self._rec is not None and decision is not None and job.decided_on is not None:
             predicted = self._rt.policy.predicted_tpot(job.decided_on, decision.backend)
         finish = result.finish_reason if result is not None else self._finish
         return Outcome(
@@ -262,8 +277,12 @@ class ProxyResponse(Response):
         Such a failure leaves the backend's health alone and is not failed over: every other backend
         is behind the same wall.
         """
-        rt, rec = self._rt, self._rec
-        headers = b"" if rec is None else rec.upstream_header(backend.name)  # the trace context, with tracing on
+        rt, rec, trace = self._rt, self._rec, self._trace
+        headers = b""  # the trace context, with tracing on
+        if rec is not None:
+            headers = rec.upstream_header(backend.name)
+        elif trace is not None:
+            headers = trace.upstream_header(new_span_id())
         try:
             return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend), headers)
         except Exception as exc:
@@ -316,7 +335,7 @@ class ProxyResponse(Response):
             return
         self._count_usage(name, usage)
         rec = self._rec
-        if rec is not None and rec.sampled:
+        if rec is not None:
             self._finish = _finish_reason(decoded)
         payload = echo_json(payload, self._job.tier) if self._job.echo_tier else payload
         assert self._slot is not None

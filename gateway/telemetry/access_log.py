@@ -19,6 +19,7 @@ import orjson
 
 from gateway.config import LoggingConfig
 from gateway.telemetry.log_file import Descriptor, RotatingFile, Sink
+from gateway.telemetry.outcome import Outcome
 
 log = logging.getLogger("specgate.access_log")
 
@@ -54,7 +55,7 @@ class AccessLog:
         self._writer.start()
 
     def record(self, values: tuple[Any, ...]) -> None:
-        """Log one request: `values` as `Line` takes them (raw: the writer formats them)."""
+        """Log one request: `values` as `Line` takes them (unformatted: the writer formats them)."""
         if len(self._queue) >= _MAX_QUEUED:
             self.dropped += 1
             return
@@ -86,33 +87,32 @@ class AccessLog:
 
 
 class Line:
-    """One request's raw values as its line's fields (in the writer: the event loop only gathered them)."""
+    """One request's values as its line's fields (in the writer: the event loop only gathered them)."""
 
     def __init__(self) -> None:
         self._second, self._prefix = -1, ""  # the date and time, formatted once a second
 
-    def __call__(self, arrived: float, e2e: float, ttft: float | None, request_id: str, trace_id: int | None,
-                 tenant: str | None, route: str, model: str | None, backend: str | None, group: str | None,
-                 speculative: bool | None, tier: str, rule: str | None, status: int, usage: dict[str, Any] | None,
-                 failover: bool, client_gone: bool, error: str | None) -> dict[str, Any]:
-        """`arrived`: seconds since the epoch; `e2e`, `ttft`: seconds since the arrival; `usage`: the response's."""
+    def __call__(self, arrived: float, e2e: float, arrived_at: float, request_id: str, trace_id: int | None,
+                 tenant: str | None, route: str, model: str | None, tier: str, o: Outcome) -> dict[str, Any]:
+        """`arrived`: seconds since the epoch; `e2e`: seconds it took; `arrived_at`: its time.monotonic()."""
         second = int(arrived)
         if second != self._second:
             self._second = second
             self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        usage = o.usage
         details = usage.get("prompt_tokens_details") if usage else None
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return {
             "time": f"{self._prefix}.{int((arrived - second) * 1000):03d}Z",
             "request_id": request_id,
             "trace_id": None if trace_id is None else f"{trace_id:032x}",
-            "tenant": tenant, "route": route, "model": model, "backend": backend, "group": group,
-            "mode": None if speculative is None else ("eagle" if speculative else "plain"),
-            "tier": tier, "rule": rule, "status": status,
+            "tenant": tenant, "route": route, "model": model, "backend": o.backend, "group": o.group,
+            "mode": None if o.speculative is None else ("eagle" if o.speculative else "plain"),
+            "tier": tier, "rule": o.rule, "status": o.status,
             "prompt_tokens": usage.get("prompt_tokens") if usage else None,
             "cached_tokens": (cached or 0) if usage else None,
             "completion_tokens": usage.get("completion_tokens") if usage else None,
-            "ttft_ms": None if ttft is None else round(ttft * 1e3, 3),
+            "ttft_ms": None if o.first_token_at is None else round((o.first_token_at - arrived_at) * 1e3, 3),
             "e2e_ms": round(e2e * 1e3, 3),
-            "failover": failover, "client_gone": client_gone, "error": error,
+            "failover": o.failover, "client_gone": o.client_gone, "error": o.error,
         }

@@ -1,7 +1,8 @@
 """Where access-log lines go: a file descriptor (stdout) or a file rotated by size, shared by the workers.
 
-Lines are written in pieces of at most `PIPE_BUF` bytes that end with a line, so lines of several
-worker processes never interleave mid-line (on a pipe as on a file opened for appending). Rotation
+To a pipe, lines are written in pieces of at most `PIPE_BUF` bytes that end with a line, so lines of
+several worker processes never interleave mid-line; to a regular file opened for appending, a batch
+is one write, which Linux keeps whole (each write releases the GIL and costs a syscall). Rotation
 is RotatingFileHandler's scheme (`<path>.1` newest .. `<path>.<backups>`, the oldest dropped), made
 safe for several processes: whoever finds the file over its size renames under an flock, if nobody
 did so first, and the others follow the path to the new file by its inode.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import stat
 from typing import Protocol
 
 PIPE_BUF = select.PIPE_BUF
@@ -34,10 +36,15 @@ def write_lines(fd: int, data: bytes) -> None:
         end = data.rfind(b"\n", start, start + PIPE_BUF) + 1
         if end <= start:  # one line longer than PIPE_BUF
             end = data.find(b"\n", start) + 1 or len(data)
-        view = memoryview(data)[start:end]
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data[start:end])
         start = end
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd`: one write, unless the kernel takes less."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class Descriptor:
@@ -45,9 +52,10 @@ class Descriptor:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._write = write_all if stat.S_ISREG(os.fstat(fd).st_mode) else write_lines
 
     def write(self, data: bytes) -> None:
-        write_lines(self._fd, data)
+        self._write(self._fd, data)
 
     def close(self) -> None:
         pass
@@ -77,7 +85,7 @@ class RotatingFile:
             moved = True
         if moved:  # another process rotated it
             self._reopen()
-        write_lines(self._fd, data)
+        write_all(self._fd, data)
         if os.fstat(self._fd).st_size >= self._max:
             self._rotate()
 

@@ -1,10 +1,11 @@
-"""What the gateway notes of one proxied exchange, for its spans and its access-log line.
+"""What the gateway notes of one proxied exchange: the trace it runs in, its spans, its access-log line.
 
-`Telemetry` is one process's tracer (tracing.py) and access log (access_log.py), either of which
-may be off; it exists only while one is on, so with both off the proxy does nothing for it. Each
-request gets an `ExchangeRecord` (`begin`), which the proxy calls at the exchange's steps (routing,
-each upstream attempt, the response's start) and at its end with the `Outcome`; only a sampled
-request notes times. The end writes the access-log line and hands a sampled request's spans over.
+`Telemetry` is one process's tracer (tracing.py) and access log (access_log.py), either of which may
+be off; it exists only while one is on, so with both off the proxy does nothing for it. Per request
+only what a feature needs is made: with tracing on, its `Trace` (`trace`), which the upstream
+request carries on; when that is sampled, an `ExchangeRecord` (`record`) that the proxy tells the
+exchange's steps (routing, each upstream attempt, the response's start) and its end, and which hands
+the spans to the tracer. The access log takes the `Outcome` and the request's own values (`log`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.trace import SpanKind
@@ -20,6 +20,7 @@ from opentelemetry.util.types import AttributeValue
 
 from gateway.config import Settings
 from gateway.telemetry.access_log import AccessLog, sink_for
+from gateway.telemetry.outcome import Outcome
 from gateway.telemetry.tracing import SpanRecord, Trace, Tracing, new_span_id
 
 # The routing decision's span attributes. Prefix tokens: the prompt tokens the chosen backend is
@@ -27,26 +28,6 @@ from gateway.telemetry.tracing import SpanRecord, Trace, Tracing, new_span_id
 ROUTE_POLICY, ROUTE_RULE, ROUTE_BACKEND = "specgate.route.policy", "specgate.route.rule", "specgate.route.backend"
 ROUTE_GROUP, ROUTE_MODE = "specgate.route.group", "specgate.route.mode"
 ROUTE_PREDICTED_TPOT, ROUTE_PREFIX_TOKENS = "specgate.route.predicted_tpot_ms", "specgate.route.prefix_tokens_expected"
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per request
-class Outcome:
-    """How an exchange ended, as the proxy saw it (None: it did not get that far); built once, read once."""
-
-    status: int  # what the client got; 499: it left first
-    backend: str | None = None
-    group: str | None = None
-    speculative: bool | None = None
-    rule: str | None = None  # the rule of the decision that placed it (failover_retry after a failover)
-    failover: bool = False
-    predicted_tpot: float | None = None  # seconds; the policy's, for the backend it chose (sampled requests)
-    upstream_status: int | None = None
-    usage: dict[str, Any] | None = None
-    first_token_at: float | None = None  # time.monotonic(); streams only
-    token_chunks: int = 0
-    finish_reason: str | None = None
-    error: str | None = None  # how the upstream exchange failed, when it did
-    client_gone: bool = False
 
 
 class Telemetry:
@@ -66,19 +47,32 @@ class Telemetry:
             return None
         return cls(tracing, AccessLog(sink) if sink is not None else None, policy)
 
-    def begin(self, request_id: str, route: str, model: str | None, tenant: str | None, tier: str, arrived_at: float,
-              headers: Iterable[tuple[bytes, bytes]]) -> ExchangeRecord:
-        """The record of a request that arrived at `arrived_at` (time.monotonic()) with these headers."""
-        trace = None
-        if self.tracing is not None:
-            parent = state = None
-            for name, value in headers:
-                if name == b"traceparent":
-                    parent = value
-                elif name == b"tracestate":
-                    state = value
-            trace = self.tracing.trace(parent, state)
+    def trace(self, headers: Iterable[tuple[bytes, bytes]]) -> Trace | None:
+        """The trace of a request with these headers; None without tracing."""
+        if self.tracing is None:
+            return None
+        parent = state = None
+        for name, value in headers:
+            if name == b"traceparent":
+                parent = value
+            elif name == b"tracestate":
+                state = value
+        return self.tracing.trace(parent, state)
+
+    def record(self, trace: Trace, request_id: str, route: str, model: str | None, tenant: str | None, tier: str,
+               arrived_at: float) -> ExchangeRecord:
+        """The span record of a sampled request that arrived at `arrived_at` (time.monotonic())."""
         return ExchangeRecord(self, trace, request_id, route, model, tenant, tier, arrived_at)
+
+    def log(self, outcome: Outcome, request_id: str, trace: Trace | None, tenant: str | None, route: str,
+            model: str | None, tier: str, arrived_at: float) -> None:
+        """Queue the access-log line of a request that arrived at `arrived_at` and ended as `outcome`."""
+        assert self.access_log is not None, "no access log"
+        now = time.monotonic()
+        self.access_log.record((
+            time.time() - (now - arrived_at), now - arrived_at, arrived_at, request_id,
+            None if trace is None else trace.trace_id, tenant, route, model, tier, outcome,
+        ))
 
     async def close(self) -> None:
         """Send the queued spans and write the queued lines, in threads."""
@@ -89,87 +83,53 @@ class Telemetry:
 
 
 class ExchangeRecord:
-    """One request's notes; every method is cheap, and does nothing timed unless the request is sampled."""
+    """A sampled request's spans in the making: the times of its steps, then `finish`."""
 
-    __slots__ = (
-        "_telemetry", "_trace", "_timed", "request_id", "route", "model", "tenant", "tier", "arrived_at",
-        "_offset", "_route", "_attempts", "_relay_at",
-    )
+    __slots__ = ("_telemetry", "_trace", "request_id", "route", "model", "tenant", "tier", "arrived_at", "_offset",
+                 "_route", "_attempts", "_relay_at")
 
-    def __init__(self, telemetry: Telemetry, trace: Trace | None, request_id: str, route: str, model: str | None,
+    def __init__(self, telemetry: Telemetry, trace: Trace, request_id: str, route: str, model: str | None,
                  tenant: str | None, tier: str, arrived_at: float) -> None:
         self._telemetry = telemetry
         self._trace = trace
-        self._timed = trace is not None and trace.sampled
         self.request_id, self.route, self.model, self.tenant, self.tier = request_id, route, model, tenant, tier
         self.arrived_at = arrived_at
-        self._offset = 0  # monotonic -> epoch ns, and the times below: sampled requests only
+        self._offset = time.time_ns() - time.monotonic_ns()  # monotonic -> epoch ns
         self._route: list[int] = []  # routing's start and end
         self._attempts: list[list[Any]] = []  # per upstream attempt: span id, backend, start, end, failure
         self._relay_at = 0
-        if self._timed:
-            self._offset = time.time_ns() - time.monotonic_ns()
-
-    @property
-    def sampled(self) -> bool:
-        """Whether this request's spans are recorded."""
-        return self._timed
-
-    @property
-    def wants_outcome(self) -> bool:
-        """Whether `finish` does anything with the outcome: a log line to write, or spans."""
-        return self._timed or self._telemetry.access_log is not None
 
     def admitting(self) -> None:
         """Admission (limits, the policy's decision, the slot) starts."""
-        if self._timed:
-            self._route.append(time.time_ns())
+        self._route.append(time.time_ns())
 
     def admitted(self) -> None:
         """Admission ended, placed or refused."""
-        if self._timed:
-            self._route.append(time.time_ns())
+        self._route.append(time.time_ns())
 
     def upstream_header(self, backend: str) -> bytes:
-        """An upstream attempt to `backend` starts: the head lines that carry the trace to it (b"" without tracing)."""
-        if self._trace is None:
-            return b""
+        """An upstream attempt to `backend` starts: the head lines that carry the trace to it."""
         span_id = new_span_id()
-        if self._timed:
-            self._attempts.append([span_id, backend, time.time_ns(), 0, None])
+        self._attempts.append([span_id, backend, time.time_ns(), 0, None])
         return self._trace.upstream_header(span_id)
 
     def attempt_failed(self, reason: str) -> None:
         """The last upstream attempt failed before a response (`reason`); a failover may follow."""
-        if self._timed and self._attempts:
+        if self._attempts:
             self._attempts[-1][3:] = [time.time_ns(), reason]
 
     def responding(self) -> None:
         """The response's head goes to the client: the relay starts."""
-        if self._timed:
-            self._relay_at = time.time_ns()
+        self._relay_at = time.time_ns()
 
     def finish(self, outcome: Outcome) -> None:
-        """The exchange ended: its access-log line, and its spans when sampled."""
-        telemetry, o, trace = self._telemetry, outcome, self._trace
-        now = time.monotonic()
-        if telemetry.access_log is not None:  # raw values: the writer thread formats them
-            ttft = o.first_token_at
-            telemetry.access_log.record((
-                time.time() - (now - self.arrived_at), now - self.arrived_at, None if ttft is None else ttft - self.arrived_at,
-                self.request_id, None if trace is None else trace.trace_id, self.tenant, self.route, self.model, o.backend,
-                o.group, o.speculative, self.tier, o.rule, o.status, o.usage, o.failover, o.client_gone, o.error,
-            ))
-        if self._timed and telemetry.tracing is not None and trace is not None:
-            usage = o.usage or {}
-            details = usage.get("prompt_tokens_details")
-            cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
-            telemetry.tracing.export(trace, self._spans(o, usage.get("prompt_tokens"), cached, usage.get("completion_tokens"), now))
-
-    @property
-    def trace_id(self) -> str | None:
-        """The trace's id (32 hex digits); None without tracing."""
-        return None if self._trace is None else f"{self._trace.trace_id:032x}"
+        """The exchange ended: its spans go to the tracer."""
+        tracing, usage = self._telemetry.tracing, outcome.usage or {}
+        assert tracing is not None, "a span record without tracing"
+        details = usage.get("prompt_tokens_details")
+        cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
+        spans = self._spans(outcome, usage.get("prompt_tokens"), cached, usage.get("completion_tokens"), time.monotonic())
+        tracing.export(self._trace, spans)
 
     def _spans(self, o: Outcome, prompt: Any, cached: int, completion: Any, now: float) -> list[SpanRecord]:
         end = self._offset + int(now * 1e9)

@@ -17,7 +17,8 @@ from gateway.config import LoggingConfig, Settings, TelemetryConfig
 from gateway.telemetry import log_file
 from gateway.telemetry.access_log import FIELDS, AccessLog, sink_for
 from gateway.telemetry.log_file import Descriptor, RotatingFile, write_lines
-from gateway.telemetry.record import Outcome, Telemetry
+from gateway.telemetry.outcome import Outcome
+from gateway.telemetry.record import Telemetry
 from gateway.telemetry.tracing import Tracing
 
 TRACE, SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -67,9 +68,9 @@ def test_the_upstream_header_carries_the_trace_and_a_valid_tracestate() -> None:
 def test_a_failed_over_exchange_gives_four_spans_and_two_attempts() -> None:
     tracer, exporter = tracing()
     telemetry = Telemetry(tracer, None, "threshold")
-    record = telemetry.begin("rid-1", "/v1/completions", "m", "acme", "default", 100.0,
-                             [(b"traceparent", f"00-{TRACE}-{SPAN}-01".encode())])
-    assert record.sampled and record.trace_id == TRACE
+    trace = telemetry.trace([(b"traceparent", f"00-{TRACE}-{SPAN}-01".encode())])
+    assert trace is not None and trace.sampled and f"{trace.trace_id:032x}" == TRACE
+    record = telemetry.record(trace, "rid-1", "/v1/completions", "m", "acme", "default", 100.0)
     record.admitting()
     record.admitted()
     record.upstream_header("eagle")
@@ -97,16 +98,11 @@ def test_a_failed_over_exchange_gives_four_spans_and_two_attempts() -> None:
     assert served.status.status_code == StatusCode.UNSET and relay.kind == SpanKind.INTERNAL
 
 
-def test_an_unsampled_request_exports_nothing_and_tracing_off_sends_no_header() -> None:
-    tracer, exporter = tracing(ratio=0.0)
-    record = Telemetry(tracer, None, "adaptive").begin("rid", "/v1/chat/completions", None, None, "default", 1.0, [])
-    assert not record.sampled and record.upstream_header("eagle").endswith(b"-00\r\n")
-    record.finish(Outcome(200))
-    tracer.shutdown()
-    assert exporter.get_finished_spans() == ()
+def test_an_unsampled_new_trace_is_passed_on_unsampled_and_tracing_off_reads_no_trace() -> None:
+    trace = Telemetry(tracing(ratio=0.0)[0], None, "adaptive").trace([(b"host", b"gw")])
+    assert trace is not None and not trace.sampled and trace.upstream_header(5).endswith(b"-0000000000000005-00\r\n")
     logged: list[bytes] = []
-    quiet = Telemetry(None, AccessLog(_Capture(logged)), "adaptive").begin("rid", "/v1/chat/completions", None, None, "default", 1.0, [])
-    assert quiet.upstream_header("eagle") == b"" and quiet.trace_id is None
+    assert Telemetry(None, AccessLog(_Capture(logged)), "adaptive").trace([(b"traceparent", f"00-{TRACE}-{SPAN}-01".encode())]) is None
 
 
 def test_both_off_means_no_telemetry_at_all() -> None:
@@ -131,8 +127,8 @@ def test_the_access_log_writes_every_line_as_json_in_field_order_before_closing(
     log = AccessLog(_Capture(out))
     telemetry = Telemetry(None, log, "adaptive")
     for i in range(500):
-        record = telemetry.begin(f"rid-{i}", "/v1/chat/completions", "m", "acme" if i % 2 else None, "default", 100.0 + i, [])
-        record.finish(Outcome(429 if i % 2 else 200, usage={"prompt_tokens": 5, "completion_tokens": i}))
+        outcome = Outcome(429 if i % 2 else 200, usage={"prompt_tokens": 5, "completion_tokens": i})
+        telemetry.log(outcome, f"rid-{i}", None, "acme" if i % 2 else None, "/v1/chat/completions", "m", "default", 100.0 + i)
     log.close()
     assert out[-1] == b"<closed>"
     lines = [json.loads(line) for chunk in out[:-1] for line in chunk.splitlines()]
