@@ -111,6 +111,8 @@ def test_one_trace_runs_from_the_clients_traceparent_through_the_gateway_to_sgla
     sent = stack.upstream_trace_headers(backend, rid)
     assert sent == {"traceparent": f"00-{TRACE_ID}-{upstream.span_id.hex()}-01", "tracestate": "vendor=abc"}
 
+    exported = repr([span for _, span in stack.receiver.spans])
+    assert "acme" in exported and "acme-key" not in exported  # the tenant's name, never its key
     (line,) = [line for line in stack.log_lines() if line["request_id"] == rid]
     assert line["trace_id"] == TRACE_ID and line["tenant"] == "acme" and line["backend"] == backend
     assert (line["status"], line["completion_tokens"], line["client_gone"], line["failover"]) == (200, 6, False, False)
