@@ -5,8 +5,9 @@ request's lifetime lives in one `try/finally`: the in-flight slot (released ther
 else), the upstream connection and the metrics. What a response teaches the policy (its decode
 window and the load it ran under) is measured by the slot. When the client leaves first (even while
 SGLang is still queueing or prefilling and has sent no header yet) the exchange is cancelled, which
-closes the upstream connection, which makes SGLang abort the request. With tracing or the access
-log on, an `ExchangeRecord` (gateway/telemetry) is told the exchange's steps and how it ended.
+closes the upstream connection, which makes SGLang abort the request. With tracing on, the request's
+trace goes upstream and a sampled one's `ExchangeRecord` (gateway/telemetry) is told the exchange's
+steps; its `Outcome` goes to that record and to the access log.
 """
 
 from __future__ import annotations
