@@ -33,7 +33,8 @@ MAX_AUTO_WORKERS = 8  # beyond this the shared accept queue and the backends, no
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # An error never echoes its input: a table's input can hold API keys (SecretStr only once valid).
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
 class ServerConfig(_Section):
@@ -163,11 +164,51 @@ class HealthConfig(_Section):
     )
 
 
+class TenantConfig(_Section):
+    """A named client of the gateway: its keys and its limits (unset: unlimited)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="metric label and log field")
+    api_keys: list[SecretStr] = Field(min_length=1)
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + completion, counted as relayed")
+    max_inflight: int | None = Field(default=None, ge=1)
+    service_tier: Literal["priority", "default", "flex"] | None = Field(
+        default=None, description="the highest service tier it is served as; a request asking more gets this"
+    )
+
+
+class TelemetryConfig(_Section):
+    otlp_endpoint: str | None = Field(
+        default=None, description="OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces; unset: no tracing"
+    )
+    service_name: str = "specgate"
+    sample_ratio: float = Field(
+        default=0.01, ge=0.0, le=1.0, description="share of new traces recorded; a client's sampled flag is followed"
+    )
+
+
+class LoggingConfig(_Section):
+    access_log: str = Field(default="stdout", description='"stdout", "off", or a file path (rotated by size)')
+    access_log_max_bytes: int = Field(default=100 * 1024 * 1024, ge=4096, description="a file's size before rotation")
+    access_log_backups: int = Field(default=5, ge=1, description="rotated files kept: <path>.1 (newest) .. <path>.N")
+
+
 class SecurityConfig(_Section):
     api_keys: list[SecretStr] = Field(default_factory=list, description="client keys; empty means open")
+    tenants: list[TenantConfig] = Field(default_factory=list, description="named clients with limits")
     admin_api_key: SecretStr | None = None
     metrics_public: bool = Field(default=True, description="/metrics without a key, as SGLang does")
     allow_route_header: bool = Field(default=True, description="honour x-specgate-route")
+
+    @model_validator(mode="after")
+    def _check_tenants(self) -> SecurityConfig:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenant names must be unique, got {names}")
+        keys = [k.get_secret_value() for k in self.api_keys] + [k.get_secret_value() for t in self.tenants for k in t.api_keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("an API key may belong to one tenant only (or to api_keys)")  # never name the key
+        return self
 
 
 class LimitsConfig(_Section):
@@ -203,7 +244,7 @@ class Settings(BaseSettings):
     """The whole gateway configuration."""
 
     model_config = SettingsConfigDict(
-        env_prefix="SPECGATE_", env_nested_delimiter="__", extra="forbid", toml_file=None
+        env_prefix="SPECGATE_", env_nested_delimiter="__", extra="forbid", toml_file=None, hide_input_in_errors=True
     )
 
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -214,6 +255,8 @@ class Settings(BaseSettings):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     backends: list[BackendConfig] = Field(default_factory=list)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
     def _check_backends(self) -> Settings:

@@ -188,6 +188,13 @@ class GatewayMetrics:
             registry=r,
         ))
         self.restarts = Labelled(Counter("specgate_backend_restarts", "Backend process restarts", ["backend"], registry=r))
+        # Per named tenant ([[security.tenants]]: the label's values are bounded by the config, never a key).
+        self.tenant_requests = Labelled(Counter(
+            "specgate_tenant_requests", "Finished generation requests per tenant", ["tenant", "status"], registry=r
+        ))
+        self.tenant_tokens = Labelled(Counter(
+            "specgate_tenant_tokens", "Tokens per tenant, from usage (kind: prompt, completion)", ["tenant", "kind"], registry=r
+        ))
         self.local_errors = Labelled(Counter(
             "specgate_local_errors",
             "Requests refused for the gateway's own resource limits (descriptors, pool, ports), not a backend's",
@@ -233,6 +240,14 @@ class GatewayMetrics:
             self.tier_requests.labels(tier, "200")
             self.tier_ttft.labels(tier)
             self.tier_tpot.labels(tier)
+
+    def prepare_tenants(self, names: list[str]) -> None:
+        """Create each tenant's series at zero (served and refused requests, both token kinds)."""
+        for name in names:
+            for status in ("200", "429"):
+                self.tenant_requests.labels(name, status)
+            for kind in ("prompt", "completion"):
+                self.tenant_tokens.labels(name, kind)
 
     def exposition(self) -> bytes:
         """The text exposition format."""

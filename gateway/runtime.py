@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from gateway.config import BackendConfig, Settings
@@ -21,7 +22,9 @@ from gateway.pool.backends import Backend, DecodeWindow, Pool
 from gateway.pool.board import Board
 from gateway.pool.health import HealthChecker
 from gateway.pool.prefix import PrefixEstimate
+from gateway.pool.tenant_limits import Limits, TenantLimits
 from gateway.relay.pacing import TurnPacer
+from gateway.telemetry.record import Telemetry
 from gateway.upstream.client import UpstreamClient
 
 ENDPOINTS = ("chat", "completions", "generate", "responses", "ollama_chat", "ollama_generate")
@@ -78,7 +81,13 @@ class Runtime:
         self.pacer = TurnPacer(REQUESTS_PER_TURN)
         self.rids = RidTable()  # where each in-flight native /generate runs, for /abort_request
         self.prefix_estimate = PrefixEstimate(len(backends))  # turns the prefix map's blocks into tokens
+        self.telemetry: Telemetry | None = None  # traces and access log of a serving process, when either is on
+        tenants = settings.security.tenants
+        self.tenant_limits = TenantLimits(
+            self.pool.board, [Limits(t.requests_per_minute, t.tokens_per_minute, t.max_inflight) for t in tenants]
+        )
         metrics.prepare(self.pool.names, ENDPOINTS)
+        metrics.prepare_tenants([t.name for t in tenants])
         metrics.watch(self.pool, self.beliefs)
         metrics.watch_budget(lambda: self.budget.capacity, lambda: len(self.client_connections))
 
@@ -90,6 +99,7 @@ class Runtime:
         self.health.start()
         if serving:
             self._catching_up = asyncio.create_task(self._keep_caught_up(), name="catch-up")
+            self.telemetry = Telemetry.from_settings(self.settings, self.policy.name)  # its threads are this process's
 
     async def stop(self) -> None:
         """Stop health checking and close every upstream connection."""
@@ -100,6 +110,9 @@ class Runtime:
         await self.health.stop()
         for upstream in self.upstreams.values():
             await upstream.close()
+        if self.telemetry is not None:
+            await self.telemetry.close()
+            self.telemetry = None
 
     @property
     def draining(self) -> bool:
@@ -148,6 +161,7 @@ class Runtime:
         while True:
             await asyncio.sleep(CATCH_UP_SECONDS)
             self.catch_up()
+            self.tenant_limits.fold(time.monotonic())  # the tokens relayed here reach the other workers' admissions
 
     def beliefs(self) -> dict[str, Any]:
         """What the policy currently believes (empty for static policies)."""

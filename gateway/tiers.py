@@ -73,6 +73,13 @@ def admit_tier(tier: Tier, inflight: int, limit: int, flex_share: float) -> None
         )
 
 
+def at_most(tier: Tier, ceiling: Tier | None) -> Tier:
+    """`tier`, or `ceiling` when `tier` ranks above it (priority > default > flex; None: no ceiling)."""
+    if ceiling is None or TIERS.index(tier) >= TIERS.index(ceiling):
+        return tier
+    return ceiling
+
+
 def tier_header(tier: Tier) -> tuple[bytes, bytes]:
     """The response header that names the tier served."""
     return TIER_HEADER.encode(), tier.encode()

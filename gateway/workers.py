@@ -108,7 +108,7 @@ class WorkerSet:
         self._backends = backends
         self._sock = sock
         self._metrics_dir = metrics_dir
-        self.board = LoadBoard.create(count, len(backends))
+        self.board = LoadBoard.create(count, len(backends), len(settings.security.tenants))
         self._procs: list[SpawnProcess | None] = [None] * count
         self._listening: list[Event] = [self._ctx.Event() for _ in range(count)]
         self.replaced = 0

@@ -54,6 +54,11 @@ def _validation_message(exc: RequestValidationError) -> str:
     )
 
 
+def trace_headers(request: Request) -> dict[str, str]:
+    """The W3C trace-context headers SGLang reads (`srt/observability/trace.py`, TRACE_HEADERS)."""
+    return {name: request.headers[name] for name in ("traceparent", "tracestate") if name in request.headers}
+
+
 def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -70,19 +75,19 @@ def create_app(ep: Endpoint) -> FastAPI:
     async def _on_http_error(request: Request, exc: HTTPException) -> Response:
         return error_response(str(exc.detail), exc.status_code, str(exc.status_code))
 
-    def generate(body: ChatCompletionRequest | CompletionRequest) -> Response:
+    def generate(body: ChatCompletionRequest | CompletionRequest, request: Request) -> Response:
         try:
-            return ep.start_generation(body)
+            return ep.start_generation(body, trace_headers=trace_headers(request))
         except RequestError as exc:
             return error_response(str(exc))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(_require_json)])
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
-        return generate(body)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return generate(body, request)
 
     @app.post("/v1/completions", dependencies=[Depends(_require_json)])
-    async def completions(body: CompletionRequest) -> Response:
-        return generate(body)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return generate(body, request)
 
     add_responses_routes(app, ep, ResponseStore(ep.settings.enable_response_store))
     add_ollama_routes(app, ep)

@@ -75,15 +75,18 @@ class Endpoint:
         renderer: RendererFactory | None = None,
         *,
         include_usage: bool | None = None,
+        trace_headers: dict[str, str] | None = None,
     ) -> Response:
         """Validate `body`, queue it in the engine and return the response that will carry its output.
 
         `renderer` answers in another API's shape (Responses, Ollama), whose usage is reported
-        when `include_usage` says so rather than by the body's `stream_options`.
+        when `include_usage` says so rather than by the body's `stream_options`. `trace_headers`:
+        the request's W3C trace context, kept on it (SGLang parents its spans on it).
         """
         if body.n != 1:
             return self._start_choices(body)
         req, default = self._build(body)
+        req.trace_headers = trace_headers or {}
         self.engine.submit(req, hold_seconds=self.faults.first_token_delay)
         return GenerationResponse(
             self.engine,

@@ -59,6 +59,8 @@ class SimRequest:
     first_token_at: float | None = None
     last_token_at: float = 0.0
     finished_at: float | None = None  # wall clock
+    # The W3C trace context it came with (traceparent, tracestate): what SGLang parents its spans on.
+    trace_headers: dict[str, str] = field(default_factory=dict)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     _chars: int = 0
     _tail: str = ""
@@ -84,4 +86,5 @@ class SimRequest:
             "created": self.created,
             "finished_at": self.finished_at,
             "finish_reason": self.finish_reason,
+            "trace_headers": self.trace_headers,
         }

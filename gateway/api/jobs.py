@@ -3,7 +3,8 @@
 Each check is defined once and raises the error the client gets: an unknown model (404
 `model_not_found`), a route header naming neither a backend nor a mode (400 `invalid_route`), an
 unknown service tier (400 `invalid_service_tier`). Every job gets the gateway's request id (the
-`x-request-id` header, and the `rid` sent upstream) from `new_request_id`.
+`x-request-id` header, and the `rid` sent upstream) from `new_request_id`, and the tenant its key
+belongs to, whose service-tier ceiling caps the tier it is served as (the response then says so).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from gateway.dialects.native import NATIVE
 from gateway.dialects.ollama import OLLAMA
 from gateway.dialects.openai import OPENAI, Dialect
 from gateway.dialects.responses import RESPONSES
+from gateway.edge.tenants import request_tenant
 from gateway.errors import OpenAIError
 from gateway.policies import MODE_EAGLE, MODE_PLAIN
 from gateway.pool.prefix import PromptKey
 from gateway.proxy.job import ProxyJob
 from gateway.runtime import Runtime
-from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_HEADER, Tier, requested_tier
+from gateway.tiers import DEFAULT, SGLANG_PRIORITY, TIER_HEADER, Tier, at_most, requested_tier
 
 ROUTE_HEADER = "x-specgate-route"
 _ROUTE_HEADER = ROUTE_HEADER.encode()
@@ -97,8 +99,14 @@ def take_tier(rt: Runtime, scope: Scope, body: dict[str, Any], field: object) ->
     SGLang's own `priority` to `body` when the operator enabled SGLang's priority scheduling."""
     tier = requested_tier(field, header(scope, _TIER_HEADER))
     if rt.settings.policy.tier_sglang_priority and "priority" not in body:
-        body["priority"] = SGLANG_PRIORITY[tier or DEFAULT]
+        body["priority"] = SGLANG_PRIORITY[served_tier(scope, tier)]
     return tier
+
+
+def served_tier(scope: Scope, tier: Tier | None) -> Tier:
+    """The tier a request asking for `tier` (None: none) is served as: at most its tenant's ceiling."""
+    tenant = request_tenant(scope)
+    return at_most(tier or DEFAULT, tenant.service_tier if tenant is not None else None)
 
 
 def build_job(
@@ -119,9 +127,11 @@ def build_job(
     """The job for a validated request of `route` (see `ProxyJob` for the fields).
 
     The route header is checked here; `pinned` (the backend holding what the request continues)
-    wins over it. `echo_tier`: the response names the tier that served it.
+    wins over it. `echo_tier`: the response names the tier that served it (so it does when the
+    tenant's ceiling lowered the tier).
     """
     forced = forced_route(rt, scope)
+    served = served_tier(scope, tier)
     return ProxyJob(
         endpoint=route.endpoint,
         path=route.path,
@@ -135,7 +145,8 @@ def build_job(
         weight=weight,
         prepare=prepare,
         on_accepted=on_accepted,
-        tier=tier or DEFAULT,
-        echo_tier=echo_tier,
+        tier=served,
+        echo_tier=echo_tier or served != (tier or DEFAULT),
+        tenant=request_tenant(scope),
         prefix=PromptKey.of(route.dialect.prompt_text(body)),
     )

@@ -4,7 +4,8 @@ Client keys gate every route but the probes (`/health`, `/ready`) and, unless co
 `/metrics`, as SGLang does. Admin routes take the admin key when one is set, and so do SGLang's
 own admin-optional routes the gateway relays (`/abort_request`, `/flush_cache`): a client key
 must not abort or flush other clients' work. Keys are compared in
-constant time and never logged or echoed.
+constant time and never logged or echoed; a client key's tenant (edge/tenants.py) goes on the
+request's scope for the routes and the proxy.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import SecurityConfig
+from gateway.edge.tenants import KeyRing
 from gateway.errors import OpenAIError
 
 _PROBES = ("/health", "/ready")
@@ -25,31 +27,28 @@ class AuthMiddleware:
 
     def __init__(self, app: ASGIApp, security: SecurityConfig) -> None:
         self.app = app
-        self._client_keys = [k.get_secret_value().encode() for k in security.api_keys]
+        self._clients = KeyRing(security)
+        self._closed = bool(self._clients)  # any client key configured (else the client routes are open)
         self._admin_key = security.admin_api_key.get_secret_value().encode() if security.admin_api_key else None
         self._open = _PROBES + (("/metrics",) if security.metrics_public else ())
-
-    def _keys_for(self, path: str) -> list[bytes]:
-        if (path.startswith("/admin") or path in SGLANG_ADMIN_PATHS) and self._admin_key is not None:
-            return [self._admin_key]
-        return self._client_keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        keys = self._keys_for(path)
-        if not keys or path in self._open:
+        admin_key = self._admin_key if path.startswith("/admin") or path in SGLANG_ADMIN_PATHS else None
+        if path in self._open or (admin_key is None and not self._closed):
             await self.app(scope, receive, send)
             return
         token = _bearer(scope)
-        # Compare against every key so timing does not reveal which one (or how much) matched.
-        matched = False
-        for key in keys:
-            matched |= hmac.compare_digest(token, key)
+        tenant = None
+        if admin_key is not None:
+            matched = hmac.compare_digest(token, admin_key)
+        else:
+            matched, tenant = self._clients.match(token)
         if not matched:
-            kind = "admin API key" if keys is not self._client_keys else "API key"
+            kind = "admin API key" if admin_key is not None else "API key"
             err = OpenAIError(
                 401,
                 f"missing or invalid {kind}; send 'Authorization: Bearer <key>'",
@@ -58,6 +57,8 @@ class AuthMiddleware:
             )
             await err.to_response()(scope, receive, send)
             return
+        if tenant is not None:
+            scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
 
 

@@ -113,6 +113,11 @@ class Policy(ABC):
     def describe(self) -> dict[str, Any]:
         """Policy name, parameters and beliefs, for /admin/status."""
 
+    def predicted_tpot(self, snapshot: PoolSnapshot, backend: str) -> float | None:
+        """Seconds per output token it predicts for one more request on `backend` at `snapshot`'s load
+        (a trace's routing span reports it); None: it predicts none."""
+        return None
+
     def tiers(self) -> dict[str, Any] | None:
         """The service tiers' state (the lane priority traffic keeps), for /admin/status; None: no tiers."""
         return None

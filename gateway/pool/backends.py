@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from gateway.pool.board import AREA, CACHED, CHUNKS, EXPECTED, INFLIGHT, PREDICTED, PROMPT, SERVED, SINCE, Board, LocalBoard
 from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_load
 from gateway.pool.snapshot import BackendView, PoolSnapshot
+from gateway.pool.tenant_limits import Lease
 
 OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output length
 # A streaming response tells its slot's listener of its pace every this many token-bearing chunks: a
@@ -145,7 +146,7 @@ class Slot:
     """
 
     __slots__ = (
-        "backend", "weight", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected",
+        "backend", "weight", "lease", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected",
         "_chunks", "_mark", "on_progress",
     )
 
@@ -153,6 +154,7 @@ class Slot:
         self._pool = pool
         self.backend = backend
         self.weight = weight
+        self.lease: Lease | None = None  # its tenant's hold on its limits, given back with the slot
         self._released = False
         self._max_tokens = max_tokens
         self._chunks = 0
@@ -177,6 +179,8 @@ class Slot:
         self._released = True
         self._pool._release(self.backend, self.weight)
         self.backend._add(-self._expected, -self._chunks)
+        if self.lease is not None:
+            self.lease.release()
 
     def _expect(self, backend: Backend) -> float:
         """Count this request's expected output on `backend`: its max_tokens, else the backend's mean length."""

@@ -3,7 +3,8 @@
 A pool writes its own per-backend numbers (in-flight count, load integral, expected output, relayed
 chunks, served) and reads the whole gateway's; health states, model cards and engine loads are
 published by whoever saw them; finished responses go through a ring every worker's policy replays
-in the same order; the service tiers' lane counts decisions; each client address's open
+in the same order; the service tiers' lane counts decisions; tenants' limits keep their buckets
+and in-flight counts (`tenant_region`, pool/tenant_limits.py); each client address's open
 connections are counted against `limits.max_connections_per_client`; one routing decision is taken
 at a time (`routing`). With one process all of that is its own (`LocalBoard`: nothing to publish).
 With `[server] workers` > 1 it lives in one block of shared memory (`LoadBoard`): each worker writes
@@ -53,6 +54,9 @@ _CLIENT_SLOTS = CLIENT_BUCKETS * CLIENT_WAYS
 _KEY_CELLS = 2  # 16 bytes
 _HEADER = 5  # draining flag, completions written, model cards version, engine loads version, health version
 _CARDS_VERSION, _LOADS_VERSION, _HEALTH_VERSION = 2, 3, 4
+# Per tenant: its request bucket and its token bucket (each a GCRA time), then one in-flight cell per worker.
+TENANT_REQUESTS, TENANT_TOKENS = 0, 1
+TENANT_SHARED = 2
 _LOCKS = ("routing", "records", "clients")  # the locks' files
 
 
@@ -112,6 +116,26 @@ class Board(Protocol):
     def admit_client(self, key: bytes, cap: int) -> Callable[[], None] | None:
         """Count one more open connection of client address `key` (16 bytes) unless the gateway holds
         `cap` of its connections already; what uncounts it, or None (refused)."""
+
+    def tenant_region(self, tenants: int) -> TenantRegion:
+        """The cells of `tenants` tenants' limits (see `TenantRegion`), guarded by `routing`."""
+
+
+@dataclass(frozen=True)
+class TenantRegion:
+    """The tenants' limit cells, from `cells[at]` on: per tenant `TENANT_SHARED` cells (its buckets),
+    then one in-flight cell per worker, which only that worker writes. `worker`: this process's;
+    `workers`: how many share them. (`cells` is the board's own view: a slice would pin its memory.)"""
+
+    cells: memoryview
+    at: int
+    worker: int
+    workers: int
+
+    @property
+    def stride(self) -> int:
+        """Cells per tenant."""
+        return TENANT_SHARED + self.workers
 
 
 class DecisionClock:
@@ -192,6 +216,9 @@ class LocalBoard(DecisionClock):
         if held:
             self._clients[key] = held
 
+    def tenant_region(self, tenants: int) -> TenantRegion:
+        return TenantRegion(memoryview(array.array("d", bytes(8 * tenants * (TENANT_SHARED + 1)))), 0, 0, 1)
+
 
 class FileLock:
     """An exclusive flock on `path`, taken through this object's own open file (flock is per open file,
@@ -219,6 +246,7 @@ class BoardSpec:
     backends: int
     locks: str  # the directory of the locks' files
     salt: bytes  # keys the client table's bucket hash, so no client can aim at a bucket
+    tenants: int = 0  # `[[security.tenants]]`, each with its limit cells
     prefix_slots: int = PREFIX_SLOTS
 
 
@@ -231,7 +259,7 @@ class LoadBoard:
         self.routing = FileLock(os.path.join(spec.locks, "routing"))  # one routing decision at a time
         self._records = FileLock(os.path.join(spec.locks, "records"))  # the completions ring and the blobs
         self._clients = FileLock(os.path.join(spec.locks, "clients"))  # the client table
-        size = 8 * self.cells(spec.workers, spec.backends)
+        size = 8 * self.cells(spec.workers, spec.backends, spec.tenants)
         self._shm = shared_memory.SharedMemory(name=spec.name, create=create, size=size)
         self._cells = self._shm.buf.cast("d")
         self._prefix_shm = shared_memory.SharedMemory(
@@ -247,25 +275,29 @@ class LoadBoard:
         self._rows_at = _HEADER + b
         self._clock_at = self._rows_at + spec.workers * b * _FIELDS
         self._ring_at = self._clock_at + spec.workers * _CLOCK
-        self._cards_at = 8 * (self._ring_at + RING * _RECORD)  # a byte offset
+        self._tenants_at = self._ring_at + RING * _RECORD
+        self._cards_at = 8 * (self._tenants_at + spec.tenants * (TENANT_SHARED + spec.workers))  # a byte offset
         self._loads_at = self._cards_at + CARD_BYTES
         self._client_keys_at = self._loads_at + LOAD_BYTES  # a byte offset
         self._client_rows_at = self._client_keys_at // 8 + _CLIENT_SLOTS * _KEY_CELLS
         self.applied = 0  # completion records this process has replayed
 
     @staticmethod
-    def cells(workers: int, backends: int) -> int:
+    def cells(workers: int, backends: int, tenants: int = 0) -> int:
         blobs = (CARD_BYTES + LOAD_BYTES) // 8
         clients = _CLIENT_SLOTS * (_KEY_CELLS + workers)
-        return _HEADER + backends + workers * (backends * _FIELDS + _CLOCK) + RING * _RECORD + blobs + clients
+        return (
+            _HEADER + backends + workers * (backends * _FIELDS + _CLOCK) + RING * _RECORD
+            + tenants * (TENANT_SHARED + workers) + blobs + clients
+        )
 
     @classmethod
-    def create(cls, workers: int, backends: int) -> LoadBoard:
+    def create(cls, workers: int, backends: int, tenants: int = 0) -> LoadBoard:
         """A new zeroed board, owned by the calling (parent) process."""
         locks = tempfile.mkdtemp(prefix="specgate-board-")
         for name in _LOCKS:
             open(os.path.join(locks, name), "x").close()
-        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, locks, os.urandom(16))
+        spec = BoardSpec(f"specgate-{os.getpid()}-{os.urandom(4).hex()}", workers, backends, locks, os.urandom(16), tenants)
         return cls(spec, -1, create=True)
 
     def close(self, *, unlink: bool = False) -> None:
@@ -319,6 +351,9 @@ class LoadBoard:
         with self._clients:  # its connections died with it
             row = self._client_rows_at + worker * _CLIENT_SLOTS
             self._cells[row : row + _CLIENT_SLOTS] = memoryview(array.array("d", bytes(8 * _CLIENT_SLOTS)))
+        stride = TENANT_SHARED + self.spec.workers
+        for tenant in range(self.spec.tenants):  # its requests' in-flight cells (their rate charges stay)
+            self._cells[self._tenants_at + tenant * stride + TENANT_SHARED + worker] = 0.0
 
     # Health: one cell per backend; the version moves after the cell, under the records lock, so no
     # two writers' bumps collapse into one that a reader has already seen.
@@ -358,6 +393,12 @@ class LoadBoard:
 
     def _decisions(self) -> float:
         return sum(self._cells[self._clock_at + _CLOCK * w] for w in range(self.spec.workers))
+
+    # Tenants' limits: written under the routing lock, but each worker's in-flight cells (its own).
+    def tenant_region(self, tenants: int) -> TenantRegion:
+        if tenants != self.spec.tenants:
+            raise ValueError(f"the board holds {self.spec.tenants} tenants' cells, not {tenants}")
+        return TenantRegion(self._cells, self._tenants_at, self.worker, self.spec.workers)
 
     # Completions: a ring every worker replays in the same order.
     def publish(self, record: tuple[float, ...]) -> None:

@@ -5,7 +5,9 @@ several workers, two that both read one request in flight would both send theirs
 threshold of 2 (or past its cap), and both admit the request that fills the in-flight limit. So
 admission holds the board's routing lock (pool/board.py) from its first read of the counts to its
 slot's count; a waiter waits in the kernel, the lock is held for tens of microseconds (why not
-spin: docs/benchmarks/gateway-overhead.md). With one process the lock is a no-op.
+spin: docs/benchmarks/gateway-overhead.md). With one process the lock is a no-op. A named tenant's
+limits are checked under the same lock, once the request could otherwise be placed, so a request
+the gateway refuses for its own reasons costs its tenant nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from gateway.errors import OpenAIError
 from gateway.policies import Decision, Prompt, failover, route
 from gateway.pool.backends import Slot
 from gateway.pool.snapshot import PoolSnapshot
+from gateway.pool.tenant_limits import Refusal
 from gateway.proxy.job import ProxyJob
+from gateway.proxy.rate_limits import refused
 from gateway.runtime import Runtime
 from gateway.tiers import admit_tier
 
@@ -92,7 +96,14 @@ def _admit(rt: Runtime, job: ProxyJob, prompt: Prompt | None) -> Slot:
     if decision is None:
         target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
         raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
+    lease = None
+    tenant = job.tenant
+    if tenant is not None and tenant.limited:
+        lease = rt.tenant_limits.admit(tenant.index, time.monotonic())
+        if isinstance(lease, Refusal):
+            raise refused(tenant.name, lease)
     slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight)
+    slot.lease = lease
     _placed(rt, job, snapshot, decision)
     return slot
 
@@ -109,6 +120,7 @@ def _move(rt: Runtime, job: ProxyJob, slot: Slot, failed: str, prompt: Prompt | 
 
 def _placed(rt: Runtime, job: ProxyJob, snapshot: PoolSnapshot, decision: Decision) -> None:
     """The request holds its slot where `decision` says: count it, and tell the policy that chose it."""
+    job.decision, job.decided_on = decision, snapshot
     rt.metrics.route_decisions.labels(decision.backend, decision.label).inc()
     if job.forced is None:
         rt.policy.routed(snapshot, decision)

@@ -5,7 +5,9 @@ request's lifetime lives in one `try/finally`: the in-flight slot (released ther
 else), the upstream connection and the metrics. What a response teaches the policy (its decode
 window and the load it ran under, and every few chunks its pace so far) is measured by the slot. When the client leaves first (even while
 SGLang is still queueing or prefilling and has sent no header yet) the exchange is cancelled, which
-closes the upstream connection, which makes SGLang abort the request.
+closes the upstream connection, which makes SGLang abort the request. With tracing on, the request's
+trace goes upstream and a sampled one's `ExchangeRecord` (gateway/telemetry) is told the exchange's
+steps; its `Outcome` goes to that record and to the access log.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from gateway.dialects.openai import echo_json, stream_echo
 from gateway.edge.body_writer import BodyWriter, body_writer
 from gateway.edge.client_watch import watch_client
 from gateway.errors import OpenAIError
-from gateway.policies import Completion
+from gateway.policies import FAILOVER, Completion
 from gateway.pool.backends import Backend, Slot
 from gateway.proxy.admission import admit, fail_over
 from gateway.proxy.cancel import ExchangeCancel
 from gateway.proxy.job import ProxyJob
+from gateway.proxy.rate_limits import quota_headers
+from gateway.relay import StreamResult
 from gateway.relay.gaps import GapBuffer
 from gateway.runtime import Runtime
+from gateway.telemetry.outcome import Outcome
+from gateway.telemetry.record import ExchangeRecord
+from gateway.telemetry.tracing import Trace, new_span_id
 from gateway.tiers import tier_header
 from gateway.upstream.errors import BadResponse, ConnectFailed, WireError, local_kind
 from gateway.upstream.http11 import WireResponse
@@ -40,14 +47,16 @@ CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a stat
 UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
 
 
-def _headers(job: ProxyJob, backend: str, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+def _headers(job: ProxyJob, slot: Slot, content_type: bytes, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"content-type", content_type),
-        (b"x-specgate-backend", backend.encode()),
+        (b"x-specgate-backend", slot.backend.name.encode()),
         (b"x-request-id", job.request_id.encode()),
         tier_header(job.tier),
     ]
-    return headers + (extra or [])
+    if slot.lease is not None:  # its tenant's buckets, as OpenAI reports them on every response
+        headers += [(k.encode(), v.encode()) for k, v in quota_headers(slot.lease.requests, slot.lease.tokens)]
+    return headers + extra
 
 
 class ProxyResponse(Response):
@@ -64,8 +73,19 @@ class ProxyResponse(Response):
         self._interrupted = False  # the gateway is stopping: the client gets a 503 or an error event
         self._writer: BodyWriter | None = None
         self._exchange = ExchangeCancel()  # the exchange runs in the request's own task
+        self._trace: Trace | None = None  # with tracing on: the trace it runs in
+        self._rec: ExchangeRecord | None = None  # a sampled request's spans in the making
+        self._usage: dict[str, Any] | None = None
+        self._result: StreamResult | None = None  # what the stream relay saw
+        self._finish: str | None = None  # a whole response's finish reason (sampled requests only)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        telemetry = self._rt.telemetry
+        if telemetry is not None and telemetry.tracing is not None:
+            trace = self._trace = telemetry.trace(scope["headers"])
+            if trace is not None and trace.sampled:
+                job = self._job
+                self._rec = telemetry.record(trace, job.request_id, job.path, self._model, self._tenant, job.tier, job.arrived_at)
         turn = self._rt.pacer.turn()
         if turn is not None:
             await turn
@@ -122,7 +142,7 @@ class ProxyResponse(Response):
             try:
                 if self._client_left:  # before the exchange began: counted, nothing sent
                     return
-                self._slot = admit(rt, job)
+                self._slot = self._admit()
                 resp = await self._dispatch()
             except OpenAIError as err:
                 self._status = str(err.status)
@@ -147,6 +167,62 @@ class ProxyResponse(Response):
                 rt.metrics.duration.labels(name).observe(time.monotonic() - job.arrived_at)
             rt.metrics.requests.labels(name, job.endpoint, self._status).inc()
             rt.metrics.tier_requests.labels(job.tier, self._status).inc()
+            if job.tenant is not None:
+                rt.metrics.tenant_requests.labels(job.tenant.name, self._status).inc()
+            telemetry = rt.telemetry
+            if telemetry is not None and (telemetry.access_log is not None or self._rec is not None):
+                outcome = self._outcome(resp)
+                if telemetry.access_log is not None:
+                    telemetry.log(outcome, job.request_id, self._trace, self._tenant, job.path, self._model, job.tier, job.arrived_at)
+                if self._rec is not None:
+                    self._rec.finish(outcome)
+
+    @property
+    def _model(self) -> str | None:
+        model = self._job.body.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def _tenant(self) -> str | None:
+        return None if self._job.tenant is None else self._job.tenant.name
+
+    def _admit(self) -> Slot:
+        rec = self._rec
+        if rec is None:
+            return admit(self._rt, self._job)
+        rec.admitting()
+        try:
+            return admit(self._rt, self._job)
+        finally:
+            rec.admitted()
+
+    def _outcome(self, resp: WireResponse | None) -> Outcome:
+        """How the exchange ended, for its record."""
+        job, slot, result = self._job, self._slot, self._result
+        status = int(self._status)
+        if slot is None:
+            return Outcome(status, client_gone=self._client_left)
+        decision, backend, usage = job.decision, slot.backend, self._usage
+        predicted = None
+        if self._rec is not None and decision is not None and job.decided_on is not None:
+            predicted = self._rt.policy.predicted_tpot(job.decided_on, decision.backend)
+        finish = result.finish_reason if result is not None else self._finish
+        return Outcome(
+            status,
+            backend.name,
+            backend.group,
+            backend.speculative,
+            decision.reason if decision is not None else None,
+            decision is not None and decision.reason == FAILOVER,
+            predicted,
+            resp.status if resp is not None else None,
+            usage,
+            result.first_token_at if result is not None else None,
+            result.token_chunks if result is not None else 0,
+            finish,
+            result.error_kind if result is not None else None,
+            self._client_left,
+        )
 
     def _encode(self, backend: Backend) -> bytes:
         job = self._job
@@ -202,10 +278,17 @@ class ProxyResponse(Response):
         Such a failure leaves the backend's health alone and is not failed over: every other backend
         is behind the same wall.
         """
-        rt = self._rt
+        rt, rec, trace = self._rt, self._rec, self._trace
+        headers = b""  # the trace context, with tracing on
+        if rec is not None:
+            headers = rec.upstream_header(backend.name)
+        elif trace is not None:
+            headers = trace.upstream_header(new_span_id())
         try:
-            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend))
+            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend), headers)
         except Exception as exc:
+            if rec is not None:
+                rec.attempt_failed(type(exc).__name__)
             kind = local_kind(exc)
             if kind is None:
                 raise
@@ -245,15 +328,21 @@ class ProxyResponse(Response):
             return
         handled_at = time.monotonic()
         try:
-            usage = self._job.dialect.usage(orjson.loads(payload))
+            decoded = orjson.loads(payload)
+            usage = self._job.dialect.usage(decoded)
         except (ValueError, AttributeError, TypeError):  # orjson.JSONDecodeError is a ValueError
             rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
             await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
             return
         self._count_usage(name, usage)
+        rec = self._rec
+        if rec is not None:
+            self._finish = _finish_reason(decoded)
         payload = echo_json(payload, self._job.tier) if self._job.echo_tier else payload
-        length = [(b"content-length", str(len(payload)).encode())]
-        headers = _headers(self._job, name, b"application/json", length)
+        assert self._slot is not None
+        headers = _headers(self._job, self._slot, b"application/json", [(b"content-length", str(len(payload)).encode())])
+        if rec is not None:
+            rec.responding()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         rt.metrics.overhead.observe(time.monotonic() - handled_at)
         await send({"type": "http.response.body", "body": payload, "more_body": False})
@@ -270,13 +359,15 @@ class ProxyResponse(Response):
             rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
             rt.metrics.tier_ttft.labels(job.tier).observe(now - job.arrived_at)
 
+        if self._rec is not None:
+            self._rec.responding()
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
                 "headers": _headers(
                     job,
-                    backend.name,
+                    slot,
                     job.dialect.stream_content_type,
                     [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
                 ),
@@ -294,7 +385,7 @@ class ProxyResponse(Response):
                 strip_usage=not job.client_wants_usage,
                 idle_timeout=rt.settings.timeouts.idle,
                 on_first=on_first,
-                on_token=slot.mark_token,
+                on_token=slot.mark_token if slot.lease is None else slot.lease.metering(slot.mark_token),
                 on_gap=gaps.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
                 writer=self._writer,
                 **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
@@ -302,6 +393,7 @@ class ProxyResponse(Response):
         finally:
             rt.pacer.streams -= 1
             gaps.flush()
+        self._result = result
         await send({"type": "http.response.body", "body": result.tail, "more_body": False})
         if result.error_kind is not None:
             rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
@@ -329,15 +421,22 @@ class ProxyResponse(Response):
             )
 
     def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> tuple[int, int]:
-        """Count a response's usage; its (prompt tokens, cached prompt tokens), (0, 0) without usage."""
+        """Count a response's usage (and charge its tenant); its (prompt tokens, cached prompt tokens),
+        (0, 0) without usage."""
+        self._usage = usage
         if not usage:
             return 0, 0
-        rt = self._rt
+        rt, tenant = self._rt, self._job.tenant
         completion_tokens = int(usage.get("completion_tokens") or 0)
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         rt.pool.record_output(backend, completion_tokens)
         rt.metrics.output_tokens.labels(backend).inc(completion_tokens)
         rt.metrics.prompt_tokens.labels(backend).inc(prompt_tokens)
+        if tenant is not None:
+            rt.metrics.tenant_tokens.labels(tenant.name, "prompt").inc(prompt_tokens)
+            rt.metrics.tenant_tokens.labels(tenant.name, "completion").inc(completion_tokens)
+            if self._slot is not None and self._slot.lease is not None:
+                self._slot.lease.settle(prompt_tokens, completion_tokens)
         details = usage.get("prompt_tokens_details")
         reported = details.get("cached_tokens") if isinstance(details, dict) else None
         cached = reported if isinstance(reported, int) and reported > 0 else 0
@@ -365,3 +464,11 @@ class ProxyResponse(Response):
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _finish_reason(body: Any) -> str | None:
+    """The first choice's finish reason of a whole OpenAI response body (None: it has none)."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    reason = first.get("finish_reason") if isinstance(first, dict) else None
+    return reason if isinstance(reason, str) else None

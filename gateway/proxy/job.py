@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.openai import OPENAI, Dialect
-from gateway.policies import Prompt
+from gateway.edge.tenants import Tenant
+from gateway.policies import Decision, Prompt
 from gateway.pool.prefix import PromptKey
+from gateway.pool.snapshot import PoolSnapshot
 from gateway.tiers import DEFAULT, Tier
 
 
@@ -29,7 +31,11 @@ class ProxyJob:
     prepare: Callable[[dict[str, Any], str], None] | None = None  # adjusts the body sent to a backend (by name)
     on_accepted: Callable[[str], None] | None = None  # called with the backend's name once it answered 200
     tier: Tier = DEFAULT  # the service tier it is served as
-    echo_tier: bool = False  # the client named a tier: the response body says which one it got
+    echo_tier: bool = False  # the client named a tier (or its tenant's ceiling lowered it): the body says which it got
+    tenant: Tenant | None = None  # the named tenant its key belongs to
+    # Set by admission: the decision that placed it (a failover's replaces the first) and the pool it read.
+    decision: Decision | None = None
+    decided_on: PoolSnapshot | None = None
     prefix: PromptKey | None = None  # its prompt's block keys, when it has one prompt
     prompt: Prompt | None = None  # what the policy was told of the prompt when it was routed
 

@@ -27,6 +27,9 @@ class StreamResult:
     token_chunks: int = 0
     usage: dict[str, Any] | None = None
     error_kind: str | None = None  # None: the stream finished cleanly
+    # The last finish reason of an event the relay decoded (a chat stream's own finish chunk; a
+    # completions stream's rides on its last text chunk, relayed undecoded: None).
+    finish_reason: str | None = None
     # The stream's last bytes ([DONE], or the error event and [DONE]), not yet sent: the caller sends
     # them with the response's end, one write instead of two.
     tail: bytes = b""

@@ -137,6 +137,8 @@ class EventTriage:
                 result.error_kind = "stream_error"
                 return event
             usage, tokens = self._read(chunk)
+            if not tokens and (choices := chunk.get("choices")) and isinstance(choices, list) and isinstance(choices[0], dict):
+                result.finish_reason = choices[0].get("finish_reason") or result.finish_reason
             if usage:
                 result.usage = usage
                 if not chunk.get("choices") and self._strip_usage:

@@ -88,8 +88,9 @@ class UpstreamClient:
         """True while every connection the generation pool may hold is in use."""
         return self.wire.full
 
-    def post(self, path: str, body: bytes) -> Awaitable[WireResponse]:
-        """Send a generation request; returns once the response headers arrived.
+    def post(self, path: str, body: bytes, headers: bytes = b"") -> Awaitable[WireResponse]:
+        """Send a generation request (`headers`: whole head lines of its own, e.g. its trace context);
+        returns once the response headers arrived.
 
         SGLang holds the headers of a stream until its first chunk exists, so this wait covers
         queueing and prefill and is bounded by the first-byte timeout. The caller owns the
@@ -98,7 +99,7 @@ class UpstreamClient:
         first-byte timeout, and `LocalResourceError` when the pool was full and no connection came
         free within the connect timeout.
         """
-        return self.wire.post(path, body)  # the pool's coroutine itself: no extra frame per request
+        return self.wire.post(path, body, headers)  # the pool's coroutine itself: no extra frame per request
 
     async def get(self, path: str, timeout: float, *, auth: bool = True) -> tuple[int, bytes, str]:
         """GET a small resource; returns (status, body, content type)."""

@@ -55,8 +55,9 @@ class WirePool:
         """True while every connection the pool may hold is in use."""
         return self._busy >= self._max
 
-    async def post(self, path: str, body: bytes) -> WireResponse:
-        """POST `body` (JSON) to `path`; returns once the response's headers arrived.
+    async def post(self, path: str, body: bytes, headers: bytes = b"") -> WireResponse:
+        """POST `body` (JSON) to `path`, with this request's own `headers` (whole head lines, each ending
+        in CRLF) after the backend's; returns once the response's headers arrived.
 
         Raises `ConnectFailed` when no response byte came, `BadResponse` for an answer that is not
         HTTP, TimeoutError past the first-byte timeout, `LocalResourceError` when the pool stayed
@@ -69,7 +70,7 @@ class WirePool:
             head = head_prefix("POST", self._prefix + path, self._host, self._headers)
             if len(self._heads) < _CACHED_HEADS:
                 self._heads[path] = head
-        data = b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
+        data = b"".join((head, str(len(body)).encode(), b"\r\n", headers, b"\r\n", body))
         retried = False
         while True:
             conn = await self._acquire(start)

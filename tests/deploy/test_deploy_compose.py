@@ -89,8 +89,19 @@ def test_grafana_provisioning_matches_its_mounts(repo: Path) -> None:
     assert (mounts[str(home.parent)] / home.name).is_file()
 
 
+def test_the_tracing_profile_runs_a_collector_the_gateway_can_send_to(repo: Path) -> None:
+    services = _compose(repo)["services"]
+    assert services["otel-collector"]["profiles"] == ["tracing"] == services["jaeger"]["profiles"]
+    collector = yaml.safe_load(compose_mounts(repo / COMPOSE, "otel-collector")["/etc/otelcol/collector.yaml"].read_text())
+    assert collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"] == "0.0.0.0:4318"
+    assert collector["exporters"]["otlp/jaeger"]["endpoint"] == "jaeger:4317"
+    assert collector["service"]["pipelines"]["traces"]["exporters"] == ["otlp/jaeger"]
+    for name in SPECGATE_SERVICES.values():  # tracing stays off unless SPECGATE_OTLP_ENDPOINT names the collector
+        assert services[name]["environment"]["SPECGATE_TELEMETRY__OTLP_ENDPOINT"] == "${SPECGATE_OTLP_ENDPOINT:-}"
+
+
 @pytest.mark.deploy
-@pytest.mark.parametrize("profile", ["gpu", "sim"])
+@pytest.mark.parametrize("profile", ["gpu", "sim", "tracing"])
 def test_compose_file_follows_the_compose_specification(repo: Path, profile: str) -> None:
     result = run_tool(compose_binary(), "-f", str(repo / COMPOSE), "--profile", profile, "config", "--quiet")
     assert result.returncode == 0, result.stderr

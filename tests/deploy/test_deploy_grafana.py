@@ -55,6 +55,18 @@ def test_dashboard_shows_what_the_issue_asks_for(repo: Path) -> None:
         assert all("by (backend, le)" in e for e in exprs)  # per backend
 
 
+def test_each_tenant_gets_a_panel_of_its_requests_tokens_and_429s(repo: Path) -> None:
+    dash = json.loads((repo / DASHBOARD).read_text())
+    tenant = next(v for v in dash["templating"]["list"] if v["name"] == "tenant")
+    assert tenant["multi"] and tenant["includeAll"] and "specgate_tenant_requests_total" in tenant["definition"]
+    (panel,) = [p for p in dash["panels"] if p.get("repeat") == "tenant"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert all('tenant=~"$tenant"' in e for e in exprs)
+    used = set().union(*(referenced_metrics(e) for e in exprs))
+    assert used == {"specgate_tenant_requests_total", "specgate_tenant_tokens_total"}
+    assert any('status="429"' in e for e in exprs)
+
+
 def test_provisioning_files_are_valid(repo: Path) -> None:
     assert provisioned_datasources(repo / PROVISIONING) == {"specgate-prometheus": "prometheus"}
     provider = yaml.safe_load((repo / PROVISIONING / "dashboards/specgate.yml").read_text())

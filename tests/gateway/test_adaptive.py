@@ -382,6 +382,13 @@ def test_beliefs_follow_the_live_pool() -> None:
     assert policy.beliefs()["predicted_tpot_seconds"]["plain"] == pytest.approx(FIELD_PLAIN.at(1), rel=1e-3)
 
 
+def test_a_decisions_predicted_tpot_is_the_fit_at_the_load_it_read() -> None:
+    policy = trained(FIELD_EAGLE, FIELD_PLAIN)
+    assert policy.predicted_tpot(snap(3, 10), "eagle") == pytest.approx(FIELD_EAGLE.at(4), rel=1e-3)
+    assert policy.predicted_tpot(snap(3, 10), "plain") == pytest.approx(FIELD_PLAIN.at(11), rel=1e-3)
+    assert AdaptivePolicy().predicted_tpot(snap(0, 0), "eagle") is None  # nothing learned: no prediction
+
+
 def test_responses_without_decode_time_teach_nothing() -> None:
     policy = AdaptivePolicy()
     decide(policy, snap(0, 0))

@@ -216,7 +216,7 @@ async def test_failover_is_tried_once_then_502() -> None:
 async def test_a_connect_the_gateway_itself_cannot_make_is_503_and_leaves_the_backend_alone() -> None:
     async with serving(FakeBackend()) as plain, gateway(refused_url(), plain.url) as rt:
 
-        async def out_of_descriptors(path: str, body: bytes) -> Any:
+        async def out_of_descriptors(path: str, body: bytes, headers: bytes = b"") -> Any:
             raise ConnectFailed("cannot connect") from OSError(errno.EMFILE, "x")
 
         rt.upstreams["eagle"].post = out_of_descriptors  # type: ignore[method-assign]

@@ -105,6 +105,7 @@ async def test_bytes_are_relayed_untouched_and_usage_is_read(upstream, push: boo
     assert result.error_kind is None
     assert result.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert result.token_chunks == 3 and firsts == 1 and len(gaps) == 2  # role and finish chunks carry no tokens
+    assert result.finish_reason == "length"  # from the finish chunk; the usage chunk after it has none
 
 
 async def test_the_last_event_is_held_back_for_the_response_end(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]

@@ -221,6 +221,13 @@ class AdaptivePolicy(Policy):
             for each in self._arms.values():
                 each.probe_interval = self.probe_every
 
+    def predicted_tpot(self, snapshot: PoolSnapshot, backend: str) -> float | None:
+        """Its fitted TPOT for one more request on `backend`'s group at `snapshot`'s load (as `beliefs`)."""
+        arm = self._arms.get(backend)
+        if arm is None or not arm.estimator.fitted:
+            return None
+        return arm.estimator.predict(snapshot.group_inflight(snapshot.get(backend)) + 1) * self._spec_factor(arm)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
