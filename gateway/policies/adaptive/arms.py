@@ -162,3 +162,26 @@ def kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> di
         if curve is not None:
             out[kind] = KindLine(curve, max(evidence, 1e-9))
     return out
+
+
+class KindCurves:
+    """`kind_lines`, remembered until the listed backends' estimators have learned `REFRESH` more
+    responses (fewer while they know little), or the backends listed, or which are fitted, changed:
+    pooling the bands is the dearest part of a decision, and a handful of responses barely moves a curve."""
+
+    REFRESH = 8
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[str, bool, bool], ...] | None = None
+        self._version = 0
+        self._lines: dict[bool, KindLine] = {}
+        self.generation = 0  # moves whenever the lines are recomputed
+
+    def of(self, available: list[BackendView], outlooks: dict[str, Outlook]) -> dict[bool, KindLine]:
+        key = tuple((v.name, v.speculative, outlooks[v.name].fitted) for v in available)
+        version = sum(o.estimator.version for v in available if (o := outlooks[v.name]).estimator is not None)
+        needed = min(self.REFRESH, 1 + self._version // 16)  # while evidence is thin, every response counts
+        if key != self._key or version - self._version >= needed or version < self._version:
+            self._key, self._version, self._lines = key, version, kind_lines(available, outlooks)
+            self.generation += 1
+        return self._lines

@@ -14,6 +14,7 @@ weight, so the curve re-learns within tens of responses.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -77,6 +78,10 @@ class TpotLine:
         return math.inf  # a line given, not measured: it holds everywhere
 
 
+def _load(point: tuple[float, float]) -> float:
+    return point[0]
+
+
 @dataclass(frozen=True)
 class TpotCurve:
     """Straight between measured points (n increasing), beyond them at `low_slope` and `high_slope`."""
@@ -93,10 +98,9 @@ class TpotCurve:
         last_n, last_y = points[-1]
         if n >= last_n:
             return last_y + self.high_slope * (n - last_n)
-        for (n0, y0), (n1, y1) in zip(points, points[1:], strict=False):
-            if n <= n1:
-                return y0 + (y1 - y0) * (n - n0) / (n1 - n0) if n1 > n0 else y1
-        return last_y  # unreachable: n lies below the last point
+        i = bisect.bisect_left(points, n, key=_load)  # points[i - 1] < n <= points[i], 0 < i < len
+        (n0, y0), (n1, y1) = points[i - 1], points[i]
+        return y0 + (y1 - y0) * (n - n0) / (n1 - n0) if n1 > n0 else y1
 
     def scaled(self, factor: float) -> TpotCurve:
         return TpotCurve(tuple((n, y * factor) for n, y in self.points), self.low_slope * factor, self.high_slope * factor)
@@ -123,17 +127,6 @@ class _Band:
         return out
 
 
-def _level(points: list[tuple[float, float, float]]) -> tuple[float, float, float] | None:
-    """(median load, median TPOT, total weight) of weighted points; None without weight.
-
-    Medians, not means: another request's long prefill can triple one response's TPOT, and a young
-    band of two or three responses must not take that for its level."""
-    total = sum(w for _, _, w in points)
-    if total <= 0.0:
-        return None
-    return _median(points, 0, total), _median(points, 1, total), total
-
-
 def _median(points: list[tuple[float, float, float]], field: int, total: float) -> float:
     half, run = total / 2.0, 0.0
     ordered = sorted(points, key=lambda p: p[field])
@@ -150,28 +143,26 @@ def band_of(n: float) -> int:
 
 
 def merged_curve(estimators: Iterable[TpotEstimator], prior_slope_ratio: float) -> TpotCurve | None:
-    """One curve from several backends' bands (identical servers: their evidence adds up)."""
-    levels: dict[int, list[tuple[float, float, float]]] = {}
-    counts: dict[int, int] = {}
+    """One curve from several backends' bands (identical servers: their evidence adds up): per band,
+    the weighted mean of their levels."""
+    sums: dict[int, list[float]] = {}  # band -> [weight, weight * load, weight * TPOT, responses]
     for estimator in estimators:
-        for index, band in estimator.bands.items():
-            levels.setdefault(index, []).extend(band.weighted(estimator.decay))
-            counts[index] = counts.get(index, 0) + band.count
+        for index, (n, y, w) in estimator.levels().items():
+            acc = sums.setdefault(index, [0.0, 0.0, 0.0, 0.0])
+            acc[0] += w
+            acc[1] += w * n
+            acc[2] += w * y
+            acc[3] += estimator.bands[index].count
+    levels = {index: (wn / w, wy / w, w) for index, (w, wn, wy, _) in sums.items()}
+    counts = {index: int(acc[3]) for index, acc in sums.items()}
     return _curve(levels, counts, EstimatorConfig(prior_slope_ratio=prior_slope_ratio))
 
 
-def _curve(bands: dict[int, list[tuple[float, float, float]]], counts: dict[int, int], config: EstimatorConfig) -> TpotCurve | None:
-    measured = {index: level for index, points in bands.items() if (level := _level(points)) is not None}
-    if not measured:
+def _curve(levels: dict[int, tuple[float, float, float]], counts: dict[int, int], config: EstimatorConfig) -> TpotCurve | None:
+    """The curve through bands' levels `(load, TPOT, weight)`."""
+    if not levels:
         return None
-    # A band's responses lie across its width, on a curve that rises there: its level is the median of
-    # TPOTs moved along the local slope (from the first reading of the bands around it) to its median load.
-    slopes = _local_lines(list(measured.values()))
-    levels = []
-    for (index, (n, _, w)), (_, slope) in zip(measured.items(), slopes, strict=True):
-        moved = [(pn, py - slope * (pn - n), pw) for pn, py, pw in bands[index]]
-        levels.append((index, (n, _median(moved, 1, w), w)))
-    mature = [level for index, level in levels if counts[index] >= config.mature] or [level for _, level in levels]
+    mature = [level for index, level in levels.items() if counts[index] >= config.mature] or list(levels.values())
     lines = _local_lines(mature)
     # Each band's level pulled towards the line through the bands around it by `SHRINK` responses'
     # worth: a band of a few responses, which one unlucky draw can move far, leans on its neighbours;
@@ -239,7 +230,9 @@ class TpotEstimator:
         self._residuals: deque[float] = deque(maxlen=SHIFT_MEMORY)  # the latest, against mature bands
         self._since_relearn = 0
         self._cached: TpotCurve | None = None
-        self._levels: dict[int, tuple[float, float, float] | None] = {}  # per band, until it changes
+        self.version = 0  # moves whenever the curve may have changed
+        self._shape: TpotCurve | None = None  # the last curve computed, whose slopes detrend the bands
+        self._levels: dict[int, tuple[float, float, float]] = {}  # per band, until it changes
 
     @property
     def fitted(self) -> bool:
@@ -249,9 +242,28 @@ class TpotEstimator:
     def curve(self) -> TpotCurve | None:
         """The current curve, or None before any observation."""
         if self._cached is None:
-            levels = {index: band.weighted(self.decay) for index, band in self.bands.items()}
-            self._cached = _curve(levels, {index: band.count for index, band in self.bands.items()}, self.config)
+            counts = {index: band.count for index, band in self.bands.items()}
+            first = self._shape is None
+            self._cached = _curve(self._band_levels(), counts, self.config)
+            self._shape = self._cached
+            if first and self._cached is not None:  # the bands' levels read again along the first curve's slopes
+                self._levels.clear()
+                self._cached = self._shape = _curve(self._band_levels(), counts, self.config)
         return self._cached
+
+    def levels(self) -> dict[int, tuple[float, float, float]]:
+        """Per band its level: (median load, median TPOT, weight), each band's recomputed only when it
+        changed. A band's responses lie across its width, on a curve that rises there: their TPOTs are
+        moved along the last curve's slope across the band to its median load before the median is taken."""
+        if self._shape is None and self.bands:
+            _ = self.curve  # the first curve, whose slopes the levels follow
+        return self._band_levels()
+
+    def _band_levels(self) -> dict[int, tuple[float, float, float]]:
+        for index, band in self.bands.items():
+            if index not in self._levels:
+                self._levels[index] = self._band_level(band)
+        return self._levels
 
     def predict(self, n: float) -> float:
         """Predicted seconds per output token with n requests in flight (NaN before the first observation)."""
@@ -278,6 +290,7 @@ class TpotEstimator:
         self.evidence += weight
         self._levels.pop(index, None)
         self._cached = None
+        self.version += 1
 
     def forget(self, keep: float) -> None:
         """Scale all evidence down to `keep` (0 forgets all but a trace); the curve's shape stays the starting point."""
@@ -290,6 +303,7 @@ class TpotEstimator:
         self._since_relearn = 0
         self._levels.clear()
         self._cached = None
+        self.version += 1
 
     def describe(self) -> dict[str, Any]:
         """The measured points and fit health, for /admin/status."""
@@ -303,12 +317,16 @@ class TpotEstimator:
             "relearns": self.relearns,
         }
 
-    def _band_level(self, index: int) -> float:
-        if index not in self._levels:
-            self._levels[index] = _level(self.bands[index].weighted(self.decay))
-        level = self._levels[index]
-        assert level is not None
-        return level[1]
+    def _band_level(self, band: _Band) -> tuple[float, float, float]:
+        points = band.weighted(self.decay)
+        total = sum(w for _, _, w in points)
+        n = _median(points, 0, total)
+        shape = self._shape
+        if shape is not None:
+            lo, hi = min(p[0] for p in points), max(p[0] for p in points)
+            slope = (shape.at(hi) - shape.at(lo)) / (hi - lo) if hi > lo else 0.0
+            points = [(pn, py - slope * (pn - n), pw) for pn, py, pw in points]
+        return n, _median(points, 1, total), total
 
     def _detect_shift(self, index: int, tpot: float) -> bool:
         """Run the change detector on a response in a well-measured band; True when it re-learned.
@@ -316,7 +334,7 @@ class TpotEstimator:
         Residuals are clipped to a few running scales, so outliers cannot fake a shift while a real one
         (every response off by the same margin) still gets through."""
         cfg = self.config
-        r = tpot / self._band_level(index) - 1.0
+        r = tpot / self.levels()[index][1] - 1.0
         self._residuals.append(r)
         self._since_relearn += 1
         base = cfg.huber_k * self._scale

@@ -34,6 +34,7 @@ class LoadForecast:
         self._areas: list[float] = []  # the load integral at each
         self._first = 0  # index of the oldest kept
         self._routed: deque[tuple[float, int, bool]] = deque()  # (time, in flight with it, in a batch)
+        self._batched = 0  # how many of those came in a batch
 
     def arrived(self, at: float, area: float, inflight: int, pending: int) -> None:
         """A request was routed at `at` (the pool's clock, load integral `area`), `inflight` already in
@@ -42,6 +43,7 @@ class LoadForecast:
         self._times.append(at)
         self._areas.append(area)
         self._routed.append((at, inflight + 1, batch))
+        self._batched += batch
         if self.life > 0.0:
             self._first = bisect.bisect_left(self._times, at - _KEEP_LIVES * self.life, lo=self._first)
             if self._first > 1024 and self._first * 2 > len(self._times):
@@ -49,7 +51,7 @@ class LoadForecast:
                 self._first = 0
             horizon = at - RISE_WINDOW * self.life
             while self._routed and self._routed[0][0] < horizon:
-                self._routed.popleft()
+                self._batched -= self._routed.popleft()[2]
 
     def finished(self, seconds: float) -> None:
         """A request's life (arrival to last token) was `seconds`."""
@@ -62,8 +64,8 @@ class LoadForecast:
         now = float(inflight + pending + 1)
         if self.life == 0.0:
             return now
-        window = [r for r in self._routed if r[0] >= at - RISE_WINDOW * self.life]
-        rise = max(inflight - window[0][1] - sum(1 for _, _, batch in window if batch), 0) if window else 0
+        # The routings kept are those of the last quarter life as of the latest (`arrived` trims them).
+        rise = max(inflight - self._routed[0][1] - self._batched, 0) if self._routed else 0
         return max(self._mean(at, area, self.life), now + rise * RISE_AHEAD / RISE_WINDOW)
 
     def settled(self, at: float, area: float, inflight: int, pending: int) -> float:

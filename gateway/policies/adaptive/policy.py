@@ -25,12 +25,12 @@ from gateway.policies import Completion, Decision, Policy, Progress, Prompt
 from gateway.policies.adaptive.arms import (
     PROBE_AGREEMENT,
     Arm,
+    KindCurves,
     KindLine,
     Outlook,
     crossover,
     group_beliefs,
     in_the_running,
-    kind_lines,
     listed_arm,
 )
 from gateway.policies.adaptive.fit import Curve, EstimatorConfig, TpotEstimator
@@ -107,6 +107,9 @@ class AdaptivePolicy(Policy):
         self.estimator = estimator or EstimatorConfig()
         self._arms: dict[str, Arm] = {}
         self._forecast = LoadForecast()  # the load over the next request life
+        self._kinds = KindCurves()  # each kind's pooled curve
+        self._scaled: tuple[int, dict[bool, Curve]] = (-1, {})  # ... as the rules see it, for a generation of them
+        self._loads: tuple[PoolSnapshot | None, tuple[float, float]] = (None, (0.0, 0.0))  # `_group_loads`' last reading
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._live: Callable[[], PoolSnapshot] | None = None
@@ -138,7 +141,7 @@ class AdaptivePolicy(Policy):
             fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
             return fallback[0].name, "adaptive_unavailable"
         outlooks = {v.name: self._outlook(v) for v in available}
-        kinds = kind_lines(available, outlooks)
+        kinds = self._kinds.of(available, outlooks)
         if not all(o.fitted for o in outlooks.values()):
             cold = self._cold(snapshot, available, outlooks, kinds)
             if cold is not None:
@@ -258,7 +261,7 @@ class AdaptivePolicy(Policy):
         }
         if snapshot is not None:
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
-            kinds = kind_lines(list(snapshot.backends), outlooks)
+            kinds = self._kinds.of(list(snapshot.backends), outlooks)
             states = [self._state(v, outlooks[v.name], kinds) for v in snapshot.backends]
             expected = {group: state.load for group, state in self._groups(snapshot).items()}
             beliefs["groups"] = group_beliefs(snapshot, states, expected)
@@ -337,9 +340,13 @@ class AdaptivePolicy(Policy):
         return None
 
     def _kind_line(self, kind: bool, kinds: dict[bool, KindLine]) -> Curve:
-        """The kind's pooled line as the rules see it (EAGLE's scaled by the speculation prior)."""
-        pooled = kinds[kind]
-        return pooled.line.scaled(self._factor(kind, pooled.evidence))
+        """The kind's pooled line as the rules see it (EAGLE's scaled by the speculation prior), made once
+        per recomputation of the pooled lines."""
+        generation, scaled = self._scaled
+        if generation != self._kinds.generation:
+            scaled = {k: pooled.line.scaled(self._factor(k, pooled.evidence)) for k, pooled in kinds.items()}
+            self._scaled = (self._kinds.generation, scaled)
+        return scaled[kind]
 
     def _probeable(self, snapshot: PoolSnapshot, view: BackendView) -> bool:
         """A probe must measure the backend on its own: its group idle (a co-located partner's steps
@@ -406,10 +413,15 @@ class AdaptivePolicy(Policy):
 
     def _group_loads(self, snapshot: PoolSnapshot) -> tuple[float, float]:
         """The load each group is expected to carry over the next request life, and the load each has
-        been carrying over the last few: the node's forecast and settled load over its groups."""
-        groups = len({v.group for v in snapshot.backends if v.available}) or 1
-        reading = (snapshot.at, snapshot.load_area, snapshot.total_inflight, snapshot.pending)
-        return self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups
+        been carrying over the last few: the node's forecast and settled load over its groups (read
+        once per snapshot)."""
+        read_on, loads = self._loads
+        if read_on is not snapshot:
+            groups = len({v.group for v in snapshot.backends if v.available}) or 1
+            reading = (snapshot.at, snapshot.load_area, snapshot.total_inflight, snapshot.pending)
+            loads = (self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups)
+            self._loads = (snapshot, loads)
+        return loads
 
     def _groups(self, snapshot: PoolSnapshot) -> dict[str, GroupState]:
         load, settled = self._group_loads(snapshot)
