@@ -1,8 +1,9 @@
 """specgate's routing in virtual time: the gateway's own pool, policy and feedback, fed as the gateway feeds them.
 
 Per request, what `gateway/proxy/admission.py` and `exchange.py` do: the in-flight limit and the
-service tier's admission, then `route(policy, pool.snapshot(), tier=...)`, `Pool.acquire` (with the
-request's `max_tokens`) and `policy.routed`; `Slot.mark_token` per token-bearing chunk, each stretch
+service tier's admission, the prompt's prefix matched in the pool's prefix map, then
+`route(policy, pool.snapshot(), tier=..., prompt=...)`, `Pool.acquire` (with the request's
+`max_tokens`), the prefix inserted for the chosen backend, and `policy.routed`; `Slot.mark_token` per token-bearing chunk, each stretch
 of progress it reports learned at once; at the end the usage (`Pool.record_output`) and, for a
 stream of at least two tokens, the `Completion` the relay builds from the slot's decode window,
 learned then (one worker: the board's ring replays each record to the policy as it is recorded); the
@@ -16,8 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import OpenAIError
-from gateway.policies import Completion, Policy, Progress, route
+from gateway.dialects.openai import messages_text
+from gateway.policies import Completion, Policy, Progress, Prompt, route
 from gateway.pool.backends import Backend, DecodeWindow, Health, Pool, Slot
+from gateway.pool.prefix import PrefixEstimate, PromptKey
 from gateway.tiers import DEFAULT, admit_tier, requested_tier
 from vnode.requests import Request
 from vnode.router import Refused
@@ -36,6 +39,8 @@ class BackendSpec:
 class _Flight:
     slot: Slot
     arrived: float
+    key: PromptKey | None = None
+    prompt: Prompt | None = None
     first_token_at: float | None = None
     token_chunks: int = 0
 
@@ -64,6 +69,7 @@ class GatewayRouter:
         self.flex_share = flex_share
         self._index = {b.name: i for i, b in enumerate(backends)}
         self._flights: dict[str, _Flight] = {}
+        self.prefix_estimate = PrefixEstimate(len(backends))
 
     def route(self, request: Request, now: float, pending: int = 0) -> int:
         pool = self.pool
@@ -76,15 +82,29 @@ class GatewayRouter:
             admit_tier(tier, inflight, self.inflight_limit, self.flex_share)
         except OpenAIError as err:
             raise Refused(err.status, err.message) from None
+        key = PromptKey.of(messages_text([{"role": role, "content": content} for role, content in request.messages]))
+        prompt = self._prompt(key, request.max_tokens)
         snapshot = pool.snapshot()
-        decision = route(self.policy, snapshot, None, tier)
+        decision = route(self.policy, snapshot, None, tier, prompt)
         if decision is None:
             raise Refused(503, "no backend is ready to serve")
         slot = pool.acquire(decision.backend, request.max_tokens)
+        if key is not None:
+            pool.board.prefix.insert(key.keys, slot.backend.index, now)
         slot.on_progress = self._progress
         self.policy.routed(snapshot, decision)
-        self._flights[request.rid] = _Flight(slot, now)
+        self._flights[request.rid] = _Flight(slot, now, key, prompt)
         return self._index[decision.backend]
+
+    def _prompt(self, key: PromptKey | None, max_tokens: int) -> Prompt | None:
+        """What admission tells the policy of a prompt: its length and each backend's predicted hold."""
+        if key is None:
+            return None
+        names = self.pool.names
+        held = self.pool.board.prefix.match(key.keys, len(names))
+        estimate = self.prefix_estimate
+        cached = {name: estimate.cached_tokens(i, n) for i, (name, n) in enumerate(zip(names, held, strict=True)) if n}
+        return Prompt(estimate.prompt_tokens(key.size), cached, max_tokens)
 
     def _progress(self, backend: str, window: DecodeWindow) -> None:
         self.policy.paced(Progress(backend, window.seconds, window.chunks, window.mean_inflight, window.mean_group_inflight))
@@ -96,12 +116,16 @@ class GatewayRouter:
             flight.first_token_at = now
         flight.token_chunks += 1
 
-    def finish(self, request: Request, now: float, output_tokens: int | None) -> None:
+    def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         flight = self._flights.pop(request.rid)
         slot = flight.slot
         if output_tokens is not None:
             name = slot.backend.name
             self.pool.record_output(name, output_tokens)
+            if flight.key is not None and flight.prompt is not None:  # the exchange's usage accounting
+                predicted = flight.prompt.cached.get(name, 0.0)
+                self.pool.record_prompt(name, request.prompt_tokens, cached_tokens, predicted)
+                self.prefix_estimate.learn(slot.backend.index, flight.key.size, request.prompt_tokens, predicted, cached_tokens)
             window = slot.decode_window()
             if output_tokens >= 2 and window is not None and flight.first_token_at is not None:
                 self.policy.observe(
@@ -113,6 +137,8 @@ class GatewayRouter:
                         mean_inflight=window.mean_inflight,
                         mean_group_inflight=window.mean_group_inflight,
                         token_chunks=flight.token_chunks,
+                        prompt_tokens=request.prompt_tokens,
+                        cached_tokens=cached_tokens,
                     )
                 )
         slot.release()

@@ -115,7 +115,7 @@ class Node:
             router.chunk(flight.request, now, gained)
             if sim.done:
                 del flights[sim.rid]
-                router.finish(flight.request, now, sim.produced)
+                router.finish(flight.request, now, sim.produced, sim.cached_tokens)
                 self.events.at(now + self.hop, ARRIVAL, flight.on_done, self._record(flight))
 
     def _record(self, flight: _Flight) -> RequestRecord:

@@ -36,8 +36,9 @@ class Router(Protocol):
         """A chunk of `tokens` tokens of `request` reached the client at `now`."""
         ...
 
-    def finish(self, request: Request, now: float, output_tokens: int | None) -> None:
-        """`request` ended at `now` with `output_tokens` (None: its server refused it)."""
+    def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
+        """`request` ended at `now` with `output_tokens` (None: its server refused it), `cached_tokens` of
+        its prompt taken from the server's prefix cache."""
         ...
 
 
@@ -60,5 +61,5 @@ class LeastInFlightRouter:
     def chunk(self, request: Request, now: float, tokens: int) -> None:
         pass
 
-    def finish(self, request: Request, now: float, output_tokens: int | None) -> None:
+    def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         self.balancer.release(self._held.pop(request.rid))

@@ -41,11 +41,12 @@ class Decision:
 
 @dataclass(frozen=True)
 class Prompt:
-    """What a policy knows of a request's prompt: its estimated length, and how much of it each backend
-    is predicted to hold in its prefix cache (pool/prefix.py)."""
+    """What a policy knows of a request's prompt: its estimated length, how much of it each backend is
+    predicted to hold in its prefix cache (pool/prefix.py), and the output it asks for at most."""
 
     tokens: float
     cached: Mapping[str, float] = field(default_factory=dict)  # backend -> predicted cached tokens
+    max_tokens: int | None = None  # the request's limit on its output, when it gave one
 
     def uncached(self, backend: str) -> float:
         """The prompt tokens `backend` would have to prefill."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policies import Completion, Decision, route
+from gateway.policies import Completion, Decision, Prompt, route
 from gateway.policies.adaptive import AdaptivePolicy
 from gateway.policies.adaptive.fit import TpotLine
 from gateway.policies.adaptive.forecast import RISE_AHEAD, RISE_WINDOW
@@ -227,3 +227,17 @@ def test_the_pool_keeps_expected_tokens_and_relayed_chunks_in_o1() -> None:
         slot.release()
     after = pool.snapshot()
     assert all(v.expected_tokens == 0.0 and v.relayed_chunks == 0 and v.inflight == 0 for v in after.backends)
+
+
+def test_a_prompt_goes_where_its_prefix_lives_once_prefill_cost_is_known() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    prompt = Prompt(3000.0, {"g1-eagle": 3000.0}, max_tokens=64)
+    # g0 carries one request fewer; nothing yet says what a prefill costs: the load decides.
+    assert policy.choose(groups((2, 0), (3, 0)), prompt=prompt) == Decision("g0-eagle", "adaptive_predicted_faster")
+    # Responses that prefilled 2,000 uncached tokens took 0.2 s to their first token: 0.1 ms a token, so
+    # g1's hold saves 0.3 s, far more than one more request costs 64 tokens of its decode.
+    for _ in range(5):
+        policy.observe(Completion("g0-eagle", 65, 0.2, 64 * LLAMA_EAGLE.at(2), 2.0, 2.0, 22, prompt_tokens=2000))
+    assert policy.choose(groups((2, 0), (3, 0)), prompt=prompt) == Decision("g1-eagle", "adaptive_prefix")
+    # A prompt no backend holds leaves the load to decide.
+    assert policy.choose(groups((2, 0), (3, 0)), prompt=Prompt(3000.0, {}, 64)).backend == "g0-eagle"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.policies.adaptive.fit import Curve, TpotCurve, TpotLine
-from gateway.policies.adaptive.rules import BackendState, GroupState, choose
+from gateway.policies.adaptive.rules import BackendState, GroupState, PromptCost, choose
 
 # field-8gpu's calibrated lines (ms per token): EAGLE step 5.82 + 8.47n at tau 3, plain 4.53 + 1.294n.
 # Their whole-load crossover is about 1.7 requests.
@@ -176,3 +176,39 @@ def test_before_the_lines_are_fitted_a_lone_request_speculates() -> None:
     assert choose([eagle(inflight=1, line=None), plain(line=None)]) == ("plain-g0", "adaptive_prior")
     backends = [eagle("g0", 1, line=None), plain("g0", line=None), eagle("g1", line=None), plain("g1", line=None)]
     assert choose(backends) == ("eagle-g1", "adaptive_prior")
+
+
+def test_the_group_holding_the_prompt_wins_a_tie_on_load() -> None:
+    # Two idle groups at one load: g1 holds 3,000 of the prompt's tokens, which g0 would prefill.
+    backends = [eagle("g0"), plain("g0"), eagle("g1"), plain("g1")]
+    cost = PromptCost({"eagle-g0": 300.0, "plain-g0": 300.0, "eagle-g1": 0.0, "plain-g1": 300.0}, output_tokens=256)
+    assert choose(backends) == ("eagle-g0", "adaptive_predicted_faster")
+    assert choose(backends, prompt=cost) == ("eagle-g1", "adaptive_prefix")
+
+
+def test_affinity_is_weighed_against_load_not_obeyed() -> None:
+    # The holder carries five more requests: its slower decode of 256 tokens (12.3 against 4.8 ms a
+    # token, field's lines, in ms as these lines are) costs about 1.9 s more, more than the prefill it
+    # saves for a short prompt, less than it saves for a long one.
+    backends = [eagle("g0"), plain("g0"), eagle("g1"), plain("g1", 5)]
+    short = PromptCost({"eagle-g0": 20.0, "plain-g0": 20.0, "eagle-g1": 20.0, "plain-g1": 0.0}, output_tokens=256)
+    assert choose(backends, prompt=short)[0] == "eagle-g0"
+    long = PromptCost({"eagle-g0": 3000.0, "plain-g0": 3000.0, "eagle-g1": 3000.0, "plain-g1": 0.0}, output_tokens=256)
+    assert choose(backends, prompt=long) == ("plain-g1", "adaptive_prefix")
+
+
+def test_without_a_held_prefix_the_load_alone_decides() -> None:
+    backends = [eagle("g0", 1), plain("g0"), eagle("g1"), plain("g1")]
+    even = PromptCost({"eagle-g0": 0.3, "plain-g0": 0.3, "eagle-g1": 0.3, "plain-g1": 0.3}, output_tokens=256)
+    assert choose(backends, prompt=even) == choose(backends)
+
+
+def test_the_other_server_of_a_group_takes_a_long_prompt_with_a_short_answer() -> None:
+    # The group runs plain; its idle EAGLE server holds the whole prompt. A 4-token answer decoded
+    # beside plain's steps costs less than prefilling 30 s worth; a 2,000-token one does not.
+    e, p = TpotLine(1e-3, 1e-3), TpotLine(2.5e-3, 0.5e-3)
+    backends = [eagle(line=e), plain(inflight=6, line=p)]
+    state = {"g0": GroupState(7.0, False)}
+    held = {"eagle-g0": 0.0, "plain-g0": 30.0}
+    assert choose(backends, state, PromptCost(held, output_tokens=4)) == ("eagle-g0", "adaptive_prefix_beside")
+    assert choose(backends, state, PromptCost({"eagle-g0": 0.0, "plain-g0": 0.01}, output_tokens=2000))[0] == "plain-g0"

@@ -52,7 +52,7 @@ class Fixed:
     def chunk(self, request: Request, now: float, tokens: int) -> None:
         pass
 
-    def finish(self, request: Request, now: float, output_tokens: int | None) -> None:
+    def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         pass
 
 

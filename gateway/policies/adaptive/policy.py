@@ -37,6 +37,7 @@ from gateway.policies.adaptive.fit import Curve, EstimatorConfig, TpotEstimator
 from gateway.policies.adaptive.forecast import LoadForecast
 from gateway.policies.adaptive.rules import (
     BackendState,
+    PromptCost,
     GroupState,
     flex_choice,
     lane_view,
@@ -69,9 +70,14 @@ PROBE_BACKOFF_LIMIT = 16
 # lull between bursts, mixes the modes for its whole life, and the arrivals it slows hold the
 # group's share of the load back (docs/adaptive.md#the-decision).
 PROBE_MAX_LOAD = 2.0
+# Weight of each response in the mean output length and the prefill cost per token.
+OUTPUT_RATE = 0.05
+# A response teaches the prefill cost only when it had at least this many prompt tokens to prefill:
+# shorter, its time to first token is mostly the step it joined, not its prompt.
+PREFILL_MIN_TOKENS = 256
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
-_NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable")
+_NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable", "adaptive_prefix_beside")
 
 
 class AdaptivePolicy(Policy):
@@ -110,6 +116,8 @@ class AdaptivePolicy(Policy):
         self._kinds = KindCurves()  # each kind's pooled curve
         self._scaled: tuple[int, dict[bool, Curve]] = (-1, {})  # ... as the rules see it, for a generation of them
         self._loads: tuple[PoolSnapshot | None, tuple[float, float]] = (None, (0.0, 0.0))  # `_group_loads`' last reading
+        self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
+        self._mean_output = 256.0  # tokens per response, until responses say otherwise
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._live: Callable[[], PoolSnapshot] | None = None
@@ -132,10 +140,10 @@ class AdaptivePolicy(Policy):
         self._live = snapshot
 
     def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
-        name, reason = self._decide(snapshot, tier)
+        name, reason = self._decide(snapshot, tier, prompt)
         return Decision(name, reason, tier)
 
-    def _decide(self, snapshot: PoolSnapshot, tier: Tier) -> tuple[str, str]:
+    def _decide(self, snapshot: PoolSnapshot, tier: Tier, prompt: Prompt | None) -> tuple[str, str]:
         available = [v for v in snapshot.backends if v.available]
         if len(available) <= 1:
             fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
@@ -160,7 +168,7 @@ class AdaptivePolicy(Policy):
             harm = least_harm(snapshot, states, self.slo_tpot)
             if harm is not None:
                 return harm
-        name, reason = choose_group(states, self._groups(snapshot))
+        name, reason = choose_group(states, self._groups(snapshot), self._prompt_cost(available, prompt))
         if reason == "adaptive_predicted_faster" and capped and self._capped_was_faster(states, name):
             reason = "adaptive_cap"
         return name, reason
@@ -204,6 +212,7 @@ class AdaptivePolicy(Policy):
             arm = self._arms[completion.backend] = listed_arm(self._new_arm, self._live, completion.backend)
         self._forecast.finished(completion.ttft + completion.decode_seconds)
         arm.learn_tau(completion.output_tokens, completion.token_chunks)
+        self._learn_prompt(arm, completion)
         tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
         if tokens < 1 or completion.decode_seconds <= 0.0:
             return
@@ -230,6 +239,16 @@ class AdaptivePolicy(Policy):
         if arm is None or not arm.estimator.fitted:
             return None
         return arm.estimator.predict(snapshot.group_inflight(snapshot.get(backend)) + 1) * self._spec_factor(arm)
+
+    def _learn_prompt(self, arm: Arm, completion: Completion) -> None:
+        """The mean output, and per kind the time to first token per prompt token it had to prefill, from
+        responses with a long uncached prompt (their TTFT is mostly prefill, queueing for it included)."""
+        self._mean_output += OUTPUT_RATE * (completion.output_tokens - self._mean_output)
+        uncached = completion.prompt_tokens - completion.cached_tokens
+        if uncached >= PREFILL_MIN_TOKENS and completion.ttft > 0.0 and arm.speculative is not None:
+            per_token = completion.ttft / uncached
+            known = self._prefill.get(arm.speculative)
+            self._prefill[arm.speculative] = per_token if known is None else known + OUTPUT_RATE * (per_token - known)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -410,6 +429,17 @@ class AdaptivePolicy(Policy):
             tau=tau,
             remaining=remaining,
         )
+
+    def _prompt_cost(self, available: list[BackendView], prompt: Prompt | None) -> PromptCost | None:
+        """The request's prefill on each backend at its kind's learned cost, and its expected output;
+        None without a prompt, before any prefill cost was learned, or when no backend holds any of it
+        (every option then prefills it all: the load alone decides)."""
+        if prompt is None or not prompt.cached or not self._prefill:
+            return None
+        cost = max(self._prefill.values())  # a kind not yet measured: as dear as the dearest
+        prefill = {v.name: prompt.uncached(v.name) * self._prefill.get(v.speculative, cost) for v in available}
+        output = float(prompt.max_tokens) if prompt.max_tokens is not None else self._mean_output
+        return PromptCost(prefill, max(output, 1.0))
 
     def _group_loads(self, snapshot: PoolSnapshot) -> tuple[float, float]:
         """The load each group is expected to carry over the next request life, and the load each has

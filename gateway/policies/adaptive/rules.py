@@ -72,12 +72,29 @@ class _Option:
     reason: str
     predicted: float  # seconds per token this request is predicted to decode at
     load: int  # the group's in-flight count
+    harm: float = 0.0  # seconds its decode adds to other requests' latency, per token of its output
 
 
-def choose(backends: Sequence[BackendState], groups: Mapping[str, GroupState] | None = None) -> tuple[str, str]:
+@dataclass(frozen=True)
+class PromptCost:
+    """What a request's prompt costs where it goes: seconds of prefill per backend (the prompt tokens
+    that backend would have to prefill, at its kind's learned prefill cost), and the output it is
+    expected to decode, in tokens, against which a faster decode weighs."""
+
+    prefill: Mapping[str, float]
+    output_tokens: float
+
+
+def choose(
+    backends: Sequence[BackendState], groups: Mapping[str, GroupState] | None = None, prompt: PromptCost | None = None
+) -> tuple[str, str]:
     """The backend for one request and the reason label; see the module docstring for the rule.
 
     `groups` holds each group's expected load and mode; a group missing from it has neither yet.
+    With `prompt`, each option is priced at its prefill plus its decode of the expected output, and the
+    other server of a group that holds the prompt's prefix is an option too (`adaptive_prefix_beside`:
+    it does not change the group's mode); a group's own choice that differs from the load-only one
+    because of the prefill is labelled `adaptive_prefix`.
     """
     available = [b for b in backends if b.available]
     if not available:
@@ -95,7 +112,29 @@ def choose(backends: Sequence[BackendState], groups: Mapping[str, GroupState] | 
         least = min(available, key=lambda b: (b.inflight, b.name))
         return least.name, "adaptive_cap"
     best = min(options, key=lambda o: (o.predicted, o.load, o.backend.name))
-    return best.backend.name, best.reason
+    if prompt is None or all(prompt.prefill.get(b.name, 0.0) >= prompt.prefill.get(best.backend.name, 0.0) for b in available):
+        return best.backend.name, best.reason  # nowhere holds more of the prompt than the load's choice
+    # The prefix lives somewhere: the other server of its group is a candidate as well (priced beside
+    # the group's requests, it rarely pays for more than a long prompt with a short answer).
+    holders = [b for b in available if b.open and b not in (o.backend for o in options) and prompt.prefill.get(b.name, 0.0) < max(prompt.prefill.values(), default=0.0)]
+    candidates = options + [_beside(b, by_group[b.group]) for b in holders]
+
+    def cost(o: _Option) -> tuple[float, int, str]:
+        seconds = prompt.prefill.get(o.backend.name, 0.0) + (o.predicted + o.harm) * prompt.output_tokens
+        return seconds, o.load, o.backend.name
+
+    cheapest = min(candidates, key=cost)
+    if cheapest is best or cheapest.reason == "adaptive_prefix_beside":
+        return cheapest.backend.name, cheapest.reason
+    return cheapest.backend.name, "adaptive_prefix"
+
+
+def _beside(b: BackendState, members: list[BackendState]) -> _Option:
+    """`b` as an option beside its group's other server: its own TPOT there, and what its steps add to
+    the rounds of every request of the other server while it decodes (per token of its output)."""
+    others = sum(m.inflight for m in members if m is not b)
+    harm = others * _step(b, b.inflight + 1) / b.tau
+    return _Option(b, "adaptive_prefix_beside", _joined_tpot(b, members), others + b.inflight, harm)
 
 
 def _cold(available: list[BackendState]) -> tuple[str, str]:
