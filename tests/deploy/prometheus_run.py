@@ -107,11 +107,14 @@ def query(prom: str, promql: str) -> list[dict[str, Any]]:
     return response.json()["data"]["result"]
 
 
-# Series that exist only after something went wrong or with a policy that models speed.
+# Series that exist only after something went wrong, with a policy that models speed, or with tenants
+# configured (the node these checks start serves without API keys).
 EVENT_ONLY = {
     "specgate_upstream_errors_total",
     "specgate_policy_predicted_tpot_seconds",
     "specgate_policy_crossover_concurrency",
+    "specgate_tenant_requests_total",
+    "specgate_tenant_tokens_total",
 }
 
 
