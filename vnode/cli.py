@@ -24,7 +24,7 @@ from loadtest.table import summary_table, table_console
 from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
 from vnode.envelope import EnvelopeSpec, run_envelope
 from vnode.family import Member, family, members
-from vnode.family_report import cells_json, failures_text, family_table
+from vnode.family_report import cells_json, failures_text, family_markdown, family_table
 from vnode.family_sweep import WORKLOADS, Scale, run_family
 
 PROGRAM = "python -m vnode"
@@ -194,8 +194,11 @@ def _members(text: str) -> list[Member]:
               help="policy parameter (repeatable), e.g. adaptive_probe_every=400")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write every cell's checks here (JSON)")
+@click.option("--markdown", "markdown_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the report here (Markdown: the command, the table, the failures)")
 def family_command(member_text: str, workload_text: str, jobs: int | None, seed: int, input_len: int, output_len: int,
-                   requests_factor: int, policy_params: tuple[str, ...], out_file: Path | None) -> None:
+                   requests_factor: int, policy_params: tuple[str, ...], out_file: Path | None,
+                   markdown_file: Path | None) -> None:
     """Every member of the profile family under every workload; the worst ratio per bound, and what fails."""
     chosen = _members(member_text)
     names = [w.strip() for w in workload_text.split(",") if w.strip()]
@@ -218,3 +221,5 @@ def family_command(member_text: str, workload_text: str, jobs: int | None, seed:
     console.print(f"{len(chosen)} members x {len(names)} workloads in {seconds:.1f} s", highlight=False)
     if out_file is not None:
         out_file.write_bytes(cells_json(cells, seconds))
+    if markdown_file is not None:
+        markdown_file.write_text(family_markdown(cells, seconds, command_line(click.get_current_context(), PROGRAM)))

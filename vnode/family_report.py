@@ -70,3 +70,43 @@ def cells_json(cells: Sequence[Cell], seconds: float) -> bytes:
                    "checks": [check.to_json() for check in c.checks]} for c in cells],
     }
     return orjson.dumps(out, option=orjson.OPT_INDENT_2)
+
+
+def _md_cell(cell: Cell) -> str:
+    ratios = [c for c in cell.checks if c.name != FAILED]
+    text = " / ".join(f"**{_figure(c)}**" if not c.met else _figure(c) for c in ratios)
+    failed = next((c for c in cell.checks if c.name == FAILED), None)
+    if failed is not None and not failed.met:
+        text += f" (+{_figure(failed)} failed)"
+    return text + (" ✓" if not cell.failed else "")
+
+
+def family_markdown(cells: Sequence[Cell], seconds: float, command: str) -> str:
+    """The sweep as a committed report: the command, cells meeting every bound per workload, the member x
+    workload table of worst ratios (bold where a bound fails, ✓ where the cell meets them all), the failures."""
+    workloads = list(dict.fromkeys(c.workload for c in cells))
+    by_member: dict[str, dict[str, Cell]] = {}
+    for cell in cells:
+        by_member.setdefault(cell.member, {})[cell.workload] = cell
+    lines = [
+        "# The profile family in virtual time",
+        "",
+        f"Command: `{command}` ({len(by_member)} members x {len(workloads)} workloads, {seconds:.0f} s)",
+        "",
+        "Each cell: specgate's worst ratio per bound over the workload's levels against the best data-parallel "
+        "baseline on the same GPUs (closed loop: throughput >= 0.97 / TPOT p50 <= 1.03; open loop: "
+        "E2E p50 <= 1.05 / E2E p99 <= 1.10; no failed request). Bold: the bound fails; ✓: every bound holds.",
+        "",
+        "| workload | cells meeting every bound |",
+        "|---|---|",
+    ]
+    for name in workloads:
+        mine = [c for c in cells if c.workload == name]
+        lines.append(f"| {name} | {sum(1 for c in mine if not c.failed)} of {len(mine)} |")
+    lines.append(f"| all | {sum(1 for c in cells if not c.failed)} of {len(cells)} |")
+    lines += ["", "| member | " + " | ".join(workloads) + " |", "|---" * (len(workloads) + 1) + "|"]
+    for member, row in by_member.items():
+        lines.append(f"| {member} | " + " | ".join(_md_cell(row[w]) if w in row else "" for w in workloads) + " |")
+    lines += ["", "## Failures, worst level per bound", ""]
+    lines += [f"- {line}" for line in failures_text(cells)[:-1]] or ["- none"]
+    return "\n".join(lines) + "\n"

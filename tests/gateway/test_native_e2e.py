@@ -119,7 +119,8 @@ def test_abort_request_reaches_the_backend_holding_the_rid(rig: Rig) -> None:
 
 
 def test_abort_request_finds_one_sequence_of_a_batch(rig: Rig) -> None:
-    body = {"text": ["x", "y"], "stream": True, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    # Long enough that the abort lands mid-sequence even when a loaded machine deschedules the test.
+    body = {"text": ["x", "y"], "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
     with httpx.stream("POST", rig.gw.url + "/generate", content=orjson.dumps(body), timeout=30) as resp:
         rid = resp.headers["x-request-id"]
         events = data_events(resp.iter_lines())

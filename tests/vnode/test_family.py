@@ -75,11 +75,15 @@ def test_a_sample_of_the_family_runs_every_workload_end_to_end(member: Member) -
 
 
 def test_the_family_command_prints_each_cell_and_writes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "family.json"
+    out, markdown = tmp_path / "family.json", tmp_path / "family.md"
     result = CliRunner().invoke(main, ["family", "--members", "x8-s2-line-k1", "--workloads", "step", "--jobs", "1",
-                                       "--output-len", "8", "--out", str(out)])
+                                       "--output-len", "8", "--out", str(out), "--markdown", str(markdown)])
     assert result.exit_code == 0, result.output
     assert "x8-s2-line-k1" in result.output and "1 members x 1 workloads" in result.output
     cells = orjson.loads(out.read_bytes())["cells"]
     assert [(c["member"], c["workload"]) for c in cells] == [("x8-s2-line-k1", "step")]
     assert {c["name"] for c in cells[0]["checks"]} == {"e2e_p50_ratio", "e2e_p99_ratio", "failed_requests"}
+    report = markdown.read_text()
+    assert "python -m vnode family --members x8-s2-line-k1 --workloads step" in report
+    verdict = "of 1 |" in report and ("| step | 1 of 1 |" in report) == (not any(not c["met"] for c in cells[0]["checks"]))
+    assert verdict and "| x8-s2-line-k1 |" in report
