@@ -13,7 +13,7 @@ from rich.console import Console
 
 from loadtest.envelope.cli import DEFAULT_LEVELS, DEFAULT_MAX_TPOT_RATIO, DEFAULT_MIN_THROUGHPUT_RATIO, parse_param
 from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
-from loadtest.envelope.baselines import MODES
+from loadtest.envelope.baselines import MODES, ROUTER_CHOICES, SMG_SUFFIX, default_router_choice
 from loadtest.envelope.fair import SUBJECT, Hardware
 from loadtest.envelope.timescale import profile_for
 from loadtest.options import bad_parameter
@@ -26,9 +26,10 @@ from vnode.envelope import EnvelopeSpec, run_envelope
 from vnode.family import Member, family, members
 from vnode.family_report import cells_json, failures_text, family_markdown, family_table
 from vnode.family_sweep import WORKLOADS, Scale, run_family
+from vnode.smg_router import SmgSettings
 
 PROGRAM = "python -m vnode"
-TARGETS = (*MODES, SUBJECT)
+TARGETS = (*MODES, *(mode + SMG_SUFFIX for mode in MODES), SUBJECT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,6 +78,13 @@ def main() -> None:
 @click.option("--hop-ms", "hop_texts", multiple=True, metavar="[TARGET=]MS",
               help="model ms between the clients and a target's servers, each way (repeatable; no target: every one) "
                    "[default: 0]")
+@click.option("--baseline-router", type=click.Choice(list(ROUTER_CHOICES)), default=None,
+              help="K > 1: what routes each baseline's K servers: least-inflight (the balancer), smg-cache-aware (an "
+                   "emulation of SMG 1.13.0's cache_aware policy: targets plain-dp+smg, ...) or both [default: both for "
+                   "--dataset shared-prefix, multi-turn and trace, else least-inflight]")
+@click.option("--smg-load-interval", type=click.FloatRange(min=0.0, min_open=True), default=SmgSettings.load_interval,
+              show_default=True, help="model seconds between the emulated SMG's load polls (SMG's 10 wall seconds over "
+                                      "a real-time run's time scale)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="write results.json, results.csv, the plots and report.md here")
 @workload_options
@@ -105,6 +113,8 @@ def envelope(
     no_failed: bool,
     draws: Literal["server", "request"],
     hop_texts: tuple[str, ...],
+    baseline_router: str | None,
+    smg_load_interval: float,
     out_dir: Path | None,
     workload: WorkloadChoice,
 ) -> None:
@@ -134,8 +144,12 @@ def envelope(
         hops = _hops(hop_texts)
     except ValueError as exc:
         raise bad_parameter("--hop-ms", exc) from None
+    if baseline_router not in (None, "least-inflight") and groups == 1:
+        raise click.UsageError(f"--baseline-router {baseline_router}: with --groups 1 each baseline is one server, "
+                               "called directly; a router needs K > 1 replicas to choose between")
+    routers = ROUTER_CHOICES[baseline_router or default_router_choice(workload.dataset.name, groups)]
     spec = EnvelopeSpec(hardware, settings, profile or (None if profile_file else model.name), profile_file, policy,
-                        params, bounds, draws, hops)
+                        params, bounds, draws, hops, routers, SmgSettings(load_interval=smg_load_interval))
     console = Console(stderr=True)
     with progress_for(console) as progress:
         try:

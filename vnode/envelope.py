@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from loadtest.envelope.baselines import Router as RouterKind
 from loadtest.envelope.comparison import Bound, add_ratios
 from loadtest.envelope.fair import Hardware, merge_levels
 from loadtest.prompts import PromptFactory
@@ -28,6 +29,7 @@ from loadtest.sweep import Level, Progress, SweepSettings, Target
 from loadtest.workloads.plan import Plan, Session, Turn
 from vnode.clients import run_plan
 from vnode.events import EventQueue
+from vnode.smg_router import SmgSettings
 from vnode.targets import Draws, TargetSpec, same_hardware_targets
 
 _NO_MONITOR = Monitor({}, {})  # nothing shares a machine with the model: no self-checks to record
@@ -50,7 +52,7 @@ class QuietProgress:
 class EnvelopeSpec:
     """An envelope: the profile (a built-in name and/or a file laid over it), K x G GPUs, specgate's policy,
     the sweep's levels and workload, the bounds to check, whose acceptance draws and what hop between clients
-    and servers each target has (see `TargetSpec.node`)."""
+    and servers each target has (see `TargetSpec.node`), and the routers in front of the baselines."""
 
     hardware: Hardware
     settings: SweepSettings
@@ -61,6 +63,8 @@ class EnvelopeSpec:
     bounds: tuple[Bound, ...] = ()
     draws: Draws = "server"
     hops: Mapping[str, float] = field(default_factory=dict)  # seconds each way per target name (absent: 0)
+    routers: tuple[RouterKind, ...] = ("least-inflight",)  # the baselines' routers, as `--baseline-router` picks
+    smg: SmgSettings = SmgSettings()  # the `+smg` targets' emulated SMG
 
 
 def output_tokens(text: str) -> int:
@@ -115,7 +119,7 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
     progress = progress or QuietProgress()
     settings = spec.settings
     fair, targets = same_hardware_targets(spec.profile, spec.profile_file, spec.hardware, settings, progress,
-                                          spec.policy, dict(spec.policy_params))
+                                          spec.policy, dict(spec.policy_params), spec.routers, spec.smg)
     plans = _plans(settings)
     results = merge_levels([
         sweep_target(target, settings, plans, progress, spec.draws, spec.hops.get(target.name, 0.0)) for target in targets
@@ -138,6 +142,9 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
             "policy_params": dict(spec.policy_params),
             "compare": fair.comparison().kind,
             "draws": spec.draws,
+            "baseline_routers": list(spec.routers),
+            **({"smg": {"emulated": True, "version": fair.smg.version, "policy_settings": fair.smg_policy}}
+               if fair.smg is not None else {}),
             "hop_seconds": dict(spec.hops),
             "config": fair.config,
         },
