@@ -89,6 +89,12 @@ class TpotCurve:
     points: tuple[tuple[float, float], ...]
     low_slope: float
     high_slope: float
+    # The points' loads alone: a routing decision reads a curve dozens of times, and a bisection with a
+    # key function calls back into Python at every step.
+    _loads: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_loads", tuple(n for n, _ in self.points))
 
     def at(self, n: float) -> float:
         points = self.points
@@ -98,7 +104,7 @@ class TpotCurve:
         last_n, last_y = points[-1]
         if n >= last_n:
             return last_y + self.high_slope * (n - last_n)
-        i = bisect.bisect_left(points, n, key=_load)  # points[i - 1] < n <= points[i], 0 < i < len
+        i = bisect.bisect_left(self._loads, n)  # points[i - 1] < n <= points[i], 0 < i < len
         (n0, y0), (n1, y1) = points[i - 1], points[i]
         return y0 + (y1 - y0) * (n - n0) / (n1 - n0) if n1 > n0 else y1
 
