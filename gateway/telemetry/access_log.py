@@ -1,9 +1,9 @@
 """The access log: one JSON line per proxied request, written by a thread of its own.
 
-The event loop appends a request's fields to a deque as one tuple (`record`: no encoding, and no
+The event loop appends a request's values to a deque as one tuple (`record`: no encoding, and no
 wake-up of another thread: one per request cost more than the line); the writer thread wakes every
-`FLUSH_SECONDS`, turns what has queued up into JSON lines and writes them at once to its sink
-(stdout, or a file rotated by size: log_file.py). A full queue (a sink slower than the traffic)
+`FLUSH_SECONDS`, encodes what has queued up into JSON lines, in order, and writes them at once to its
+sink (stdout, or a file rotated by size: log_file.py). A full queue (a sink slower than the traffic)
 drops lines rather than memory; `dropped` counts them. `close` writes what is left first.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from datetime import UTC, datetime
 from typing import Any
@@ -55,7 +56,7 @@ class AccessLog:
         self._writer.start()
 
     def record(self, values: tuple[Any, ...]) -> None:
-        """Log one request: `values` as `Line` takes them (unformatted: the writer formats them)."""
+        """Log one request: `values` as `Line` takes them after its first (unformatted: the writer formats them)."""
         if len(self._queue) >= _MAX_QUEUED:
             self.dropped += 1
             return
@@ -68,15 +69,16 @@ class AccessLog:
         self._sink.close()
 
     def _run(self) -> None:
-        failing, line = False, Line()
+        failing, line, queue = False, Line(), self._queue
         while True:
             stopping = self._stop.wait(FLUSH_SECONDS)
-            lines = []
-            while self._queue:
-                lines.append(orjson.dumps(line(*self._queue.popleft())))
+            # The clocks' offset once a batch: the loop noted only time.monotonic() (a line's time moves
+            # by what the wall clock was stepped within FLUSH_SECONDS, at most).
+            epoch = time.time() - time.monotonic()
+            lines = [line(epoch, *queue.popleft()) for _ in range(len(queue))]
             try:
                 if lines:
-                    self._sink.write(b"\n".join(lines) + b"\n")
+                    self._sink.write(b"".join(lines))
                 failing = False
             except OSError as exc:
                 if not failing:  # once per failing stretch, not once per line
@@ -87,32 +89,50 @@ class AccessLog:
 
 
 class Line:
-    """One request's values as its line's fields (in the writer: the event loop only gathered them)."""
+    """One request's values as its JSON line (in the writer: the event loop only gathered them).
+
+    One dict in `FIELDS` order and one orjson call, each value made by the cheapest exact operation
+    (measured: formatting the time's milliseconds, `round` and f-strings cost more than the dict and
+    its encoding together).
+    """
 
     def __init__(self) -> None:
         self._second, self._prefix = -1, ""  # the date and time, formatted once a second
 
-    def __call__(self, arrived: float, e2e: float, arrived_at: float, request_id: str, trace_id: int | None,
-                 tenant: str | None, route: str, model: str | None, tier: str, o: Outcome) -> dict[str, Any]:
-        """`arrived`: seconds since the epoch; `e2e`: seconds it took; `arrived_at`: its time.monotonic()."""
+    def __call__(self, epoch: float, ended_at: float, arrived_at: float, request_id: str, trace_id: int | None,
+                 tenant: str | None, route: str, model: str | None, tier: str, o: Outcome) -> bytes:
+        """The line, newline included. `epoch`: time.time() - time.monotonic(); `ended_at` and
+        `arrived_at`: the request's time.monotonic() at its end and its arrival."""
+        arrived = epoch + arrived_at
         second = int(arrived)
         if second != self._second:
             self._second = second
             self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         usage = o.usage
-        details = usage.get("prompt_tokens_details") if usage else None
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return {
-            "time": f"{self._prefix}.{int((arrived - second) * 1000):03d}Z",
+        if usage:
+            details = usage.get("prompt_tokens_details")
+            cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        else:
+            prompt = cached = completion = None
+        first = o.first_token_at
+        return orjson.dumps({
+            "time": self._prefix + _MILLIS[int((arrived - second) * 1000)],
             "request_id": request_id,
-            "trace_id": None if trace_id is None else f"{trace_id:032x}",
+            "trace_id": None if trace_id is None else "%032x" % trace_id,
             "tenant": tenant, "route": route, "model": model, "backend": o.backend, "group": o.group,
-            "mode": None if o.speculative is None else ("eagle" if o.speculative else "plain"),
-            "tier": tier, "rule": o.rule, "status": o.status,
-            "prompt_tokens": usage.get("prompt_tokens") if usage else None,
-            "cached_tokens": (cached or 0) if usage else None,
-            "completion_tokens": usage.get("completion_tokens") if usage else None,
-            "ttft_ms": None if o.first_token_at is None else round((o.first_token_at - arrived_at) * 1e3, 3),
-            "e2e_ms": round(e2e * 1e3, 3),
+            "mode": _MODE[o.speculative], "tier": tier, "rule": o.rule, "status": o.status,
+            "prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": completion,
+            "ttft_ms": None if first is None else _ms(first - arrived_at),
+            "e2e_ms": _ms(ended_at - arrived_at),
             "failover": o.failover, "client_gone": o.client_gone, "error": o.error,
-        }
+        }, option=orjson.OPT_APPEND_NEWLINE)
+
+
+_MODE = {None: None, True: "eagle", False: "plain"}
+_MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))  # the time's end, by its milliseconds
+
+
+def _ms(seconds: float) -> float:
+    """`seconds` in milliseconds to the microsecond (a float that prints with at most 3 decimals)."""
+    return int(seconds * 1e6 + 0.5) / 1e3

@@ -68,10 +68,8 @@ class Telemetry:
             model: str | None, tier: str, arrived_at: float) -> None:
         """Queue the access-log line of a request that arrived at `arrived_at` and ended as `outcome`."""
         assert self.access_log is not None, "no access log"
-        now = time.monotonic()
         self.access_log.record((
-            time.time() - (now - arrived_at), now - arrived_at, arrived_at, request_id,
-            None if trace is None else trace.trace_id, tenant, route, model, tier, outcome,
+            time.monotonic(), arrived_at, request_id, None if trace is None else trace.trace_id, tenant, route, model, tier, outcome,
         ))
 
     async def close(self) -> None:

@@ -7,6 +7,7 @@ import os
 import random
 import select
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.config import LoggingConfig, Settings, TelemetryConfig
-from gateway.telemetry import log_file
-from gateway.telemetry.access_log import FIELDS, AccessLog, sink_for
+from gateway.telemetry import access_log, log_file
+from gateway.telemetry.access_log import FIELDS, AccessLog, Line, sink_for
 from gateway.telemetry.log_file import Descriptor, RotatingFile, write_lines
 from gateway.telemetry.outcome import Outcome
 from gateway.telemetry.record import Telemetry
@@ -136,6 +137,36 @@ def test_the_access_log_writes_every_line_as_json_in_field_order_before_closing(
     assert list(lines[3]) == list(FIELDS)
     assert (lines[3]["status"], lines[3]["tenant"], lines[3]["completion_tokens"], lines[3]["cached_tokens"]) == (429, "acme", 3, 0)
     assert lines[0]["time"].endswith("Z") and lines[0]["trace_id"] is None and lines[0]["ttft_ms"] is None
+
+
+def test_a_line_holds_the_requests_values_exactly() -> None:
+    usage = {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 6}}
+    outcome = Outcome(200, "eagle", "g0", True, "threshold_low", False, 0.01, 200, usage, 0.25 + 0.0012344, 3, "stop")
+    line = Line()(1_700_000_000.0, 0.25 + 0.0123456, 0.25, "rid", int(TRACE, 16), "acme", "/v1/chat/completions", "m", "flex", outcome)
+    assert line.endswith(b"}\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {
+        "time": "2023-11-14T22:13:20.250Z", "request_id": "rid", "trace_id": TRACE, "tenant": "acme",
+        "route": "/v1/chat/completions", "model": "m", "backend": "eagle", "group": "g0", "mode": "eagle", "tier": "flex",
+        "rule": "threshold_low", "status": 200, "prompt_tokens": 9, "cached_tokens": 6, "completion_tokens": 4,
+        "ttft_ms": 1.234, "e2e_ms": 12.346, "failover": False, "client_gone": False, "error": None,
+    }
+    refused = json.loads(Line()(1_700_000_000.0, 0.999, 0.9985, "r2", None, None, "/v1/completions", None, "default", Outcome(503)))
+    assert (refused["time"], refused["mode"], refused["prompt_tokens"], refused["cached_tokens"]) == ("2023-11-14T22:13:20.998Z", None, None, None)
+    assert (refused["e2e_ms"], refused["ttft_ms"], refused["backend"]) == (0.5, None, None)
+
+
+def test_lines_recorded_across_batches_are_written_in_order_and_the_last_ones_at_close() -> None:
+    out: list[bytes] = []
+    log = AccessLog(_Capture(out))
+    telemetry = Telemetry(None, log, "adaptive")
+    for i in range(30):
+        telemetry.log(Outcome(200), f"rid-{i}", None, None, "/v1/completions", None, "default", time.monotonic())
+        if i % 10 == 9:
+            time.sleep(access_log.FLUSH_SECONDS * 1.5)  # the writer has written a batch meanwhile
+    telemetry.log(Outcome(200), "last", None, None, "/v1/completions", None, "default", time.monotonic())
+    log.close()  # at once: well within FLUSH_SECONDS of the last line
+    assert len(out) > 2 and out[-1] == b"<closed>"
+    assert [json.loads(line)["request_id"] for chunk in out[:-1] for line in chunk.splitlines()] == [f"rid-{i}" for i in range(30)] + ["last"]
 
 
 def test_lines_are_written_in_whole_line_pieces_no_longer_than_a_pipe_takes_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
