@@ -149,7 +149,7 @@ def serve_config(spec: PlanSpec, best: Outcome) -> dict[str, Any]:
     stack = StackSettings(spec.profile, spec.profile_file, "colocated" if hardware.groups == 1 else "groups",
                           spec.policy, dict(spec.policy_params), seed=spec.settings.seed)
     config = specgate_config(stack, hardware, SERVE_PORT)
-    config["server"] |= {"host": "127.0.0.1", "log_level": "info"}
+    config["server"]["log_level"] = "info"  # the envelope quiets its gateway; a served node logs as usual
     Settings.model_validate(config)  # what `specgate serve` would refuse, refused here
     return config
 

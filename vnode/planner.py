@@ -38,7 +38,7 @@ from loadtest.stats import LevelStats
 from loadtest.sweep import SweepSettings
 from loadtest.verdicts import Comparison
 from loadtest.workloads.lengths import LengthDist
-from vnode.envelope import QuietProgress, _plans, sweep_target
+from vnode.envelope import QuietProgress, level_plans, sweep_target
 from vnode.targets import Draws, TargetSpec, same_hardware_targets
 
 DEFAULT_KV_SHARES = (0.5, 0.75)  # the launcher's even split first, then EAGLE at three quarters of the KV room
@@ -256,7 +256,7 @@ class _Job:
 
 def _sweep(job: _Job) -> list[LevelStats]:
     target = next(t for t in _targets(job.spec, job.hardware) if t.name == job.target)
-    levels = sweep_target(target, job.spec.settings, _plans(job.spec.settings), QuietProgress(), job.spec.draws)
+    levels = sweep_target(target, job.spec.settings, level_plans(job.spec.settings), QuietProgress(), job.spec.draws)
     return [lv.targets[job.target].stats for lv in levels]
 
 

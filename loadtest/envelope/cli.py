@@ -106,8 +106,8 @@ async def _run_until_signal(envelope: Envelope | FairEnvelope, command: str) -> 
 @click.option("--compare", type=click.Choice(["same-hardware", "single"]), default="same-hardware", show_default=True,
               help="same-hardware: specgate on K groups against plain-dp, eagle-dp and adaptive-dp on the same GPUs; "
                    "single: specgate against the two servers it routes to (the old comparison)")
-@click.option("--groups", type=click.IntRange(min=1), default=1, show_default=True,
-              help="same-hardware: K, the GPU groups (specgate) and data-parallel replicas (baselines)")
+@click.option("--groups", type=click.IntRange(min=1), default=None,
+              help="same-hardware: K, the GPU groups (specgate) and data-parallel replicas (baselines) [default: 1]")
 @click.option("--gpus-per-group", type=click.IntRange(min=1), default=None,
               help="same-hardware: G, the GPUs of each group or replica [default: the profile's num_gpus]")
 @click.option("--eagle-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
@@ -164,7 +164,7 @@ def envelope(
     profile: str | None,
     profile_file: Path | None,
     compare: str,
-    groups: int,
+    groups: int | None,
     gpus_per_group: int | None,
     eagle_mem_fraction: float | None,
     plain_mem_fraction: float | None,
@@ -213,7 +213,8 @@ def envelope(
         raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
     same_hardware = compare == "same-hardware"
     if plan_path is None:
-        hardware = Hardware(groups, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
+        # None (not 1) by default, so the recorded command of a --plan run does not spell out a --groups it replaces.
+        hardware = Hardware(groups or 1, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
     else:
         hardware = planned_hardware(click.get_current_context(), plan_path, same_hardware)
     layout = _layout(same_hardware, hardware, topology, model.node_gpus)
