@@ -107,9 +107,9 @@ def run_planner(
                                   min_requests, levels)
     settings = SweepSettings(levels=levels, requests_per_level=per_level, input_len=input_len, output_len=output_len,
                              warmup=warmup, seed=seed, **workload.settings())
-    spec = PlanSpec(profile or (None if profile_file else model.name), profile_file, gpus or model.node_gpus, settings,
-                    policy, params, _kv_shares(kv_share_text))
+    spec = PlanSpec(profile, profile_file, gpus or model.node_gpus, settings, policy, params, _kv_shares(kv_share_text))
     console = Console(stderr=True)
+    # The sweeps are counted once the layouts are checked: the bar learns its length from the first report.
     with click.progressbar(length=1, label="sweeps", file=sys.stderr) as bar:
         def advance(done: int, total: int) -> None:
             bar.length = total
