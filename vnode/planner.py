@@ -79,7 +79,9 @@ class Candidate:
         """The layout in words: groups, memory split, plain-only groups."""
         h = self.hardware
         colocated = h.groups - h.plain_only_groups
-        text = f"{h} : {colocated} co-located (EAGLE {h.eagle_mem_fraction:g} / plain {h.plain_mem_fraction:g})"
+        split = (f"EAGLE's KV share {self.kv_share:g}: no room" if h.eagle_mem_fraction is None or h.plain_mem_fraction is None
+                 else f"EAGLE {h.eagle_mem_fraction:g} / plain {h.plain_mem_fraction:g}")
+        text = f"{h} : {colocated} co-located ({split})"
         return text + (f", {h.plain_only_groups} plain-only" if h.plain_only_groups else "")
 
     def layout(self, predicted: Sequence[PredictedLevel]) -> PlannedLayout:

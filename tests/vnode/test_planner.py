@@ -68,6 +68,11 @@ def test_a_layout_that_cannot_hold_the_model_is_refused_with_the_reason() -> Non
     refused = {c.name: why for c, why in candidates(field, 8, (0.5,))}
     assert refused["4x2 kv0.5"] == "two copies of the weights (238 + 236 GB) do not fit in 0.8 of 2 x 180 GB"
     assert refused["8x1 kv0.5"] is not None and refused["2x4 kv0.5"] is None and refused["1x8 kv0.5"] is None
+    code, output = plan_cli("--profile", "field-8gpu", "--concurrency", "1", "--requests-per-level", "2",
+                            "--input-len", "16", "--output-len", "8", "--warmup", "0", "--jobs", "1")
+    assert code == 0, output
+    assert output.count("refused: two copies of the weights") == 6  # 8 x 1 and 4 x 2, each split and mix
+    assert "11 candidate layouts (6 refused)" in output
     code, output = plan_cli("--profile", "field-8gpu", "--gpus", "2", "--concurrency", "1")
     assert code == 2 and "no layout of 2 GPUs holds the model" in output and "do not fit in 0.8 of 1 x 180 GB" in output
 
