@@ -74,6 +74,9 @@ class LaunchConfig(_Strict):
     )
     group_size: int | None = Field(default=None, ge=1, description="cuts `gpus` into consecutive groups of this size")
     gpus: list[int] = Field(default_factory=list, description="the GPUs `group_size` cuts into groups")
+    plain_only_groups: int = Field(
+        default=0, ge=0, description="the last N groups run a plain server alone (no EAGLE server, no memory split)"
+    )
 
     # Real SGLang servers.
     model_path: str | None = None
@@ -154,6 +157,8 @@ class LaunchConfig(_Strict):
             for key in ("groups", "group_size"):
                 if getattr(self, key) is not None:
                     raise ValueError(f'launch.{key} applies only with topology = "groups"')
+            if self.plain_only_groups:
+                raise ValueError('launch.plain_only_groups applies only with topology = "groups"')
             if self.gpus:
                 raise ValueError(
                     'launch.gpus applies only with topology = "groups"; give launch.eagle.gpus / launch.plain.gpus'
@@ -172,6 +177,12 @@ class LaunchConfig(_Strict):
                 raise ValueError(
                     f"launch.group_size = {self.group_size} does not divide the {len(self.gpus)} GPUs of launch.gpus"
                 )
+        if self.plain_only_groups >= len(self.group_gpus()):
+            # A node of plain servers only is plain data parallelism: nothing for the gateway to choose.
+            raise ValueError(
+                f"launch.plain_only_groups = {self.plain_only_groups} leaves no co-located group of the "
+                f"{len(self.group_gpus())}; keep at least one group running EAGLE"
+            )
         for role in ("eagle", "plain"):
             if getattr(self, role).gpus:
                 raise ValueError(

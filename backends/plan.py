@@ -165,13 +165,15 @@ def _sim_processes(launch: LaunchConfig, groups: tuple[ResolvedGroup, ...]) -> t
             for s in g.servers
         )
     # One process serves every group (CPU is what the simulator is short of, not GPUs).
-    eagles = [s for g in groups for s in g.servers if s.role == EAGLE]
-    plains = [s for g in groups for s in g.servers if s.role == PLAIN]
+    eagles = [s for g in groups if g.colocated for s in g.servers if s.role == EAGLE]
+    plains = [s for g in groups if g.colocated for s in g.servers if s.role == PLAIN]
+    plain_only = [s for g in groups if not g.colocated for s in g.servers]
     eagle, plain = eagles[0], plains[0]  # the templates' values, the same in every group
     placement = SimGroups(
         host=eagle.host,
         eagle_ports=tuple(s.port for s in eagles),
         plain_ports=tuple(s.port for s in plains),
+        plain_only_ports=tuple(s.port for s in plain_only),
         eagle_mem_fraction=eagle.mem_share,
         plain_mem_fraction=plain.mem_share,
         gpus_per_group=_sim_group_size(groups),

@@ -105,6 +105,7 @@ def resolve_groups(
     groups = []
     for index, (group, gpus, roles) in enumerate(_group_layout(launch)):
         servers = []
+        alone = launch.topology == GROUPS and len(roles) == 1  # a plain-only group: the server's own default memory
         for role in roles:
             cfg = launch.eagle if role == EAGLE else launch.plain
             own_gpus = tuple(cfg.gpus) or gpus  # a colocated server may name its own (the plan warns)
@@ -124,8 +125,8 @@ def resolve_groups(
                     tp_size=cfg.tp_size or (len(own_gpus) or None),
                     host=cfg.host,
                     port=_port(launch, role, index if launch.topology == GROUPS else 0, free_port),
-                    mem_fraction_static=fractions[role],
-                    mem_share=shares[role],
+                    mem_fraction_static=None if alone else fractions[role],
+                    mem_share=None if alone else shares[role],
                     max_running_requests=max_running,
                     cuda_graph_max_bs_decode=graph_bs,
                     extra_args=tuple(cfg.extra_args),
@@ -167,7 +168,11 @@ def _sim_eagle_cap(launch: LaunchConfig, eagle_cap: int) -> int | None:
 def _group_layout(launch: LaunchConfig) -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
     """(group name, its GPUs, the roles it runs) for each group of the topology."""
     if launch.topology == GROUPS:
-        return [(f"g{i}", gpus, (EAGLE, PLAIN)) for i, gpus in enumerate(launch.group_gpus())]
+        gpu_sets = launch.group_gpus()
+        first_plain_only = len(gpu_sets) - launch.plain_only_groups
+        return [
+            (f"g{i}", gpus, (EAGLE, PLAIN) if i < first_plain_only else (PLAIN,)) for i, gpus in enumerate(gpu_sets)
+        ]
     if launch.topology == COLOCATED:
         return [("g0", tuple(launch.eagle.gpus or launch.plain.gpus), (EAGLE, PLAIN))]
     return [(EAGLE, tuple(launch.eagle.gpus), (EAGLE,)), (PLAIN, tuple(launch.plain.gpus), (PLAIN,))]
@@ -209,21 +214,26 @@ def colocated_shares(given: dict[str, float | None], split: dict[str, float] | N
     return shares
 
 
-def memory_split(memory: ModelMemory, gpus: int, total: float = sum(COLOCATED_MEM_SHARE.values())) -> dict[str, float] | None:
-    """Default shares of a group's memory: each server its weights, the KV room left split evenly.
+def memory_split(
+    memory: ModelMemory, gpus: int, total: float = sum(COLOCATED_MEM_SHARE.values()), eagle_kv_share: float = 0.5
+) -> dict[str, float] | None:
+    """Shares of a group's memory: each server its weights, the KV room left split `eagle_kv_share` to EAGLE.
 
-    The fixed 0.3/0.5 split starves whichever server the model's size squeezes: on 4 x 180 GB a
-    236 GB model does not even fit in 0.3, and with long contexts the EAGLE server runs out of KV
-    room long before the policy stops sending it requests. Splitting what the two copies leave of
-    the same total evenly keeps both servers' batches alike. Shares are rounded down to 0.001;
-    None when the two copies do not fit in `total` (the memory check then says why).
+    The default (0.5, an even split) is the launcher's: the fixed 0.3/0.5 split starves whichever
+    server the model's size squeezes: on 4 x 180 GB a 236 GB model does not even fit in 0.3, and
+    with long contexts the EAGLE server runs out of KV room long before the policy stops sending it
+    requests. Splitting what the two copies leave of the same total evenly keeps both servers'
+    batches alike; `specgate plan` tries other splits for a given workload. Shares are rounded down
+    to 0.001; None when the two copies do not fit in `total` (the memory check then says why).
     """
     whole = gpus * memory.gpu_memory_gb
     kv = total * whole - memory.weights_gb(True) - memory.weights_gb(False)
     if kv <= 0:
         return None
+    kv_share = {EAGLE: eagle_kv_share, PLAIN: 1.0 - eagle_kv_share}
     return {
-        role: math.floor((memory.weights_gb(role == EAGLE) + kv / 2) / whole * 1000) / 1000 for role in (EAGLE, PLAIN)
+        role: math.floor((memory.weights_gb(role == EAGLE) + kv * kv_share[role]) / whole * 1000) / 1000
+        for role in (EAGLE, PLAIN)
     }
 
 

@@ -1,8 +1,8 @@
 """The command line of a simulator process (`python -m backends.sim`), built in one place.
 
 A simulator process runs either one server (`--role`, one port) or K co-located groups
-(`--colocated`, an EAGLE and a plain port per group, one process for all of them since CPU is
-scarce). The launch plan and the load test's envelope both start simulators; both build their
+(`--colocated`, an EAGLE and a plain port per group, and a port per plain-only group, one process
+for all of them since CPU is scarce). The launch plan and the load test's envelope both start simulators; both build their
 argv here so the flags stay the simulator's.
 """
 
@@ -41,11 +41,13 @@ class SimServer:
 
 @dataclass(frozen=True)
 class SimGroups:
-    """K co-located groups in one process: group i serves EAGLE on eagle_ports[i], plain on plain_ports[i]."""
+    """K co-located groups in one process: group i serves EAGLE on eagle_ports[i], plain on plain_ports[i];
+    then one plain-only group per port of plain_only_ports (a plain server alone on its group's GPUs)."""
 
     host: str
     eagle_ports: tuple[int, ...]
     plain_ports: tuple[int, ...]
+    plain_only_ports: tuple[int, ...] = ()
     eagle_mem_fraction: float | None = None  # each server's share of its group's GPU memory
     plain_mem_fraction: float | None = None
     gpus_per_group: int | None = None  # None: the profile's GPU count
@@ -82,6 +84,7 @@ def _placement(placement: SimServer | SimGroups) -> list[str]:
     out = ["--colocated", "--host", placement.host]
     out += [arg for port in placement.eagle_ports for arg in ("--eagle-port", str(port))]
     out += [arg for port in placement.plain_ports for arg in ("--plain-port", str(port))]
+    out += [arg for port in placement.plain_only_ports for arg in ("--plain-only-port", str(port))]
     for flag, value in (
         ("--eagle-mem-fraction", placement.eagle_mem_fraction),
         ("--plain-mem-fraction", placement.plain_mem_fraction),

@@ -1,4 +1,4 @@
-"""The `specgate` command: `serve` (the gateway), `sim` (a simulated SGLang server), `plan` (SGLang launch plan)."""
+"""The `specgate` command: `serve` (the gateway), `sim` (a simulated SGLang server), `plan` (a launch plan, or a node's layout for traffic)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`specgate plan`: print the processes `specgate serve` would start for a config, and its warnings.
+"""`specgate plan`: print the processes `specgate serve` would start for a config, and its warnings; or,
+without a config, plan the node's layout for the traffic (`vnode.plan_cli`).
 
 Nothing starts. The text output is meant to be pasted into a shell on the GPU node (API keys are
 shown as ***); `--json` is the same plan for scripts.
@@ -12,9 +13,11 @@ from typing import Any
 
 import click
 import orjson
+from click.core import ParameterSource
 
 from backends.plan import LaunchPlan, ProcessSpec, build_plan, redact_argv, redact_env
 from gateway.config import Settings, load_settings
+from vnode.plan_cli import planner_options, run_planner
 
 
 @click.command("plan")
@@ -22,13 +25,32 @@ from gateway.config import Settings, load_settings
     "--config",
     "config_path",
     type=click.Path(path_type=Path, dir_okay=False),
-    required=True,
-    help="gateway config (TOML) whose [launch] table to plan",
+    default=None,
+    help="gateway config (TOML) whose [launch] table to plan (without it: plan the node's layout for the traffic)",
 )
-@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-@click.option("--strict", is_flag=True, help="exit with status 1 when the plan has warnings")
-def plan_command(config_path: Path, as_json: bool, strict: bool) -> None:
-    """Show the exact argv and environment of each backend process, and the warnings found."""
+@click.option("--json", "as_json", is_flag=True, help="print the plan (with --config) or the best layout as JSON")
+@click.option("--strict", is_flag=True, help="--config: exit with status 1 when the plan has warnings")
+@planner_options
+def plan_command(config_path: Path | None, as_json: bool, strict: bool, **planner: Any) -> None:
+    """Show the processes a config starts (--config), or pick the node's layout for the traffic (--profile ...).
+
+    With --config: the exact argv and environment of each backend process, and the warnings found.
+    Without: candidate layouts (groups x GPUs, memory split, plain-only groups) run in virtual time
+    under the routing policy against the same GPUs run in one mode, ranked.
+    """
+    if config_path is None:
+        if strict:
+            raise click.UsageError("--strict checks a config's launch plan: give it with --config")
+        run_planner(**planner, as_json=as_json)
+        return
+    ctx = click.get_current_context()
+    own = ("config_path", "as_json", "strict")
+    given = [p.name for p in ctx.command.params
+             if p.name and p.name not in own and ctx.get_parameter_source(p.name) is not ParameterSource.DEFAULT]
+    if given:
+        raise click.UsageError(
+            f"--{given[0].replace('_', '-')} plans a node for traffic; --config shows a config's launch plan: give one"
+        )
     try:
         settings = load_settings(config_path)
         eagle_cap = settings.resolved_policy.eagle_cap

@@ -109,8 +109,9 @@ def sweep_target(
     return results
 
 
-@lru_cache(maxsize=32)  # the family runs one workload's plans for many members: make them once per process
-def _plans(settings: SweepSettings) -> list[Plan]:
+@lru_cache(maxsize=32)  # the family and the planner run one workload's plans many times: make them once per process
+def level_plans(settings: SweepSettings) -> list[Plan]:
+    """The plans of every level of `settings`, made once per process."""
     return settings.plans()
 
 
@@ -120,7 +121,7 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
     settings = spec.settings
     fair, targets = same_hardware_targets(spec.profile, spec.profile_file, spec.hardware, settings, progress,
                                           spec.policy, dict(spec.policy_params), spec.routers, spec.smg)
-    plans = _plans(settings)
+    plans = level_plans(settings)
     results = merge_levels([
         sweep_target(target, settings, plans, progress, spec.draws, spec.hops.get(target.name, 0.0)) for target in targets
     ])
@@ -137,6 +138,7 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
             "gpus_per_group": spec.hardware.gpus_per_group,
             "eagle_mem_fraction": spec.hardware.eagle_mem_fraction,
             "plain_mem_fraction": spec.hardware.plain_mem_fraction,
+            "plain_only_groups": spec.hardware.plain_only_groups,
             "eagle_dp_max_running_requests": fair.eagle_cap,
             "policy": spec.policy,
             "policy_params": dict(spec.policy_params),

@@ -46,7 +46,8 @@ def plan_layout(settings: SimSettings, profile: Profile) -> list[ServerSlot]:
     slots: list[ServerSlot] = []
     for index, group in enumerate(settings.groups()):
         shares = [
-            ServerShare(role, settings.mem_share(role, profile), profile.role(role).speculative) for role, _ in group
+            ServerShare(role, settings.mem_share(role, profile, alone=len(group) == 1), profile.role(role).speculative)
+            for role, _ in group
         ]
         problem = group_misfit(memory, gpus, shares)
         if problem is not None:

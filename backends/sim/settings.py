@@ -29,6 +29,7 @@ class SimSettings(BaseModel):
     colocated: bool = False
     eagle_port: list[Port] = Field(default_factory=list, description="one per co-located group")
     plain_port: list[Port] = Field(default_factory=list, description="one per co-located group")
+    plain_only_port: list[Port] = Field(default_factory=list, description="one per plain-only group (with colocated)")
     eagle_mem_fraction: MemShare | None = None
     plain_mem_fraction: MemShare | None = None
     gpus_per_group: int | None = Field(default=None, ge=1, description="default: the profile's num_gpus")
@@ -88,13 +89,13 @@ class SimSettings(BaseModel):
         else:
             if self.role is None or not self.port:
                 raise ValueError("give --role and --port (or --colocated with --eagle-port and --plain-port)")
-            if self.eagle_port or self.plain_port:
-                raise ValueError("--eagle-port/--plain-port only apply with --colocated")
+            if self.eagle_port or self.plain_port or self.plain_only_port:
+                raise ValueError("--eagle-port/--plain-port/--plain-only-port only apply with --colocated")
             if self.eagle_max_running_requests is not None or self.plain_max_running_requests is not None:
                 raise ValueError("--eagle/--plain-max-running-requests only apply with --colocated")
             if self.eagle_mem_fraction is not None or self.plain_mem_fraction is not None:
                 raise ValueError("--eagle/--plain-mem-fraction only apply with --colocated")
-        counts = Counter(self.port + self.eagle_port + self.plain_port)
+        counts = Counter(self.port + self.eagle_port + self.plain_port + self.plain_only_port)
         repeated = sorted(port for port, n in counts.items() if port and n > 1)
         if repeated:
             raise ValueError(f"port {repeated[0]} is given more than once")
@@ -106,15 +107,22 @@ class SimSettings(BaseModel):
         return per_role.get(role) or self.max_running_requests
 
     def groups(self) -> list[list[tuple[Role, int]]]:
-        """The (role, port) pairs this process serves, by group: servers of one group share its GPUs."""
+        """The (role, port) pairs this process serves, by group: servers of one group share its GPUs.
+
+        With `colocated`, the pairs' groups come first, then each plain-only group's one server.
+        """
         if self.colocated:
-            return [[("eagle", e), ("plain", p)] for e, p in zip(self.eagle_port, self.plain_port, strict=True)]
+            pairs: list[list[tuple[Role, int]]] = [
+                [("eagle", e), ("plain", p)] for e, p in zip(self.eagle_port, self.plain_port, strict=True)
+            ]
+            return pairs + [[("plain", p)] for p in self.plain_only_port]
         assert self.role is not None
         return [[(self.role, port)] for port in self.port]
 
-    def mem_share(self, role: Role, profile: Profile) -> float:
-        """Share of its group's GPU memory a server of `role` takes: co-located, its split; alone, the profile's."""
-        if not self.colocated:
+    def mem_share(self, role: Role, profile: Profile, *, alone: bool) -> float:
+        """Share of its group's GPU memory a server of `role` takes: co-located, its split; alone on its group's
+        GPUs (`alone`, or a process without `colocated`), the profile's."""
+        if alone or not self.colocated:
             return profile.mem_fraction_static
         given = {"eagle": self.eagle_mem_fraction, "plain": self.plain_mem_fraction}
         return colocated_shares(given, memory_split(profile.memory, self.gpus_per_group or profile.num_gpus))[role]

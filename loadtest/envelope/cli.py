@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import click
 import uvloop
+from click.core import ParameterSource
 from rich.console import Console
 
 from gateway.config import PolicyConfig
@@ -19,6 +20,7 @@ from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_mar
 from loadtest.envelope.document import envelope_document
 from loadtest.envelope.fair import FairEnvelope, Hardware
 from loadtest.envelope.harness import Envelope, StackSettings, Topology
+from loadtest.envelope.planned import PlannedLayout
 from loadtest.envelope.smg import Smg
 from loadtest.envelope.timescale import LevelLoad, auto_time_scale, profile_for
 from loadtest.options import bad_parameter
@@ -104,14 +106,17 @@ async def _run_until_signal(envelope: Envelope | FairEnvelope, command: str) -> 
 @click.option("--compare", type=click.Choice(["same-hardware", "single"]), default="same-hardware", show_default=True,
               help="same-hardware: specgate on K groups against plain-dp, eagle-dp and adaptive-dp on the same GPUs; "
                    "single: specgate against the two servers it routes to (the old comparison)")
-@click.option("--groups", type=click.IntRange(min=1), default=1, show_default=True,
-              help="same-hardware: K, the GPU groups (specgate) and data-parallel replicas (baselines)")
+@click.option("--groups", type=click.IntRange(min=1), default=None,
+              help="same-hardware: K, the GPU groups (specgate) and data-parallel replicas (baselines) [default: 1]")
 @click.option("--gpus-per-group", type=click.IntRange(min=1), default=None,
               help="same-hardware: G, the GPUs of each group or replica [default: the profile's num_gpus]")
 @click.option("--eagle-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="same-hardware: specgate's EAGLE server's share of its group's GPU memory [default: the launcher's]")
 @click.option("--plain-mem-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="same-hardware: specgate's plain server's share of its group's GPU memory [default: the launcher's]")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="same-hardware: run the layout `specgate plan --json` wrote to this file (its groups, GPUs per group, "
+                   "memory shares and plain-only groups) instead of --groups/--gpus-per-group/--*-mem-fraction")
 @click.option("--baseline-router", type=click.Choice(list(ROUTER_CHOICES)), default=None,
               help="same-hardware, K > 1: what routes each baseline's K servers: least-inflight (the balancer), "
                    "smg-cache-aware (the real SMG router, --policy cache_aware: targets plain-dp+smg, ...) or both "
@@ -159,10 +164,11 @@ def envelope(
     profile: str | None,
     profile_file: Path | None,
     compare: str,
-    groups: int,
+    groups: int | None,
     gpus_per_group: int | None,
     eagle_mem_fraction: float | None,
     plain_mem_fraction: float | None,
+    plan_path: Path | None,
     baseline_router: str | None,
     smg_path: str | None,
     topology: str | None,
@@ -205,8 +211,12 @@ def envelope(
         model = profile_for(profile, profile_file)
     except ValueError as exc:
         raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
-    hardware = Hardware(groups, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
     same_hardware = compare == "same-hardware"
+    if plan_path is None:
+        # None (not 1) by default, so the recorded command of a --plan run does not spell out a --groups it replaces.
+        hardware = Hardware(groups or 1, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
+    else:
+        hardware = planned_hardware(click.get_current_context(), plan_path, same_hardware)
     layout = _layout(same_hardware, hardware, topology, model.node_gpus)
     routers, smg = _routers(same_hardware, baseline_router, workload.dataset.name, hardware.groups, smg_path)
     if fixed_scale is None:
@@ -260,6 +270,20 @@ def envelope(
     console.print(f"wrote {out_dir}/results.json, results.csv, throughput.png, latency.png, report.md")
     if not doc.envelope.all_met:
         raise SystemExit(1)
+
+
+def planned_hardware(ctx: click.Context, path: Path, same_hardware: bool) -> Hardware:
+    """The hardware of a `specgate plan --json` layout; a usage error beside the options it replaces."""
+    if not same_hardware:
+        raise click.UsageError("--plan lays out the same-hardware comparison (drop --compare single)")
+    replaced = ("groups", "gpus_per_group", "eagle_mem_fraction", "plain_mem_fraction")
+    given = [name for name in replaced if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT]
+    if given:
+        raise click.UsageError(f"--plan sets the layout: drop --{given[0].replace('_', '-')}")
+    try:
+        return PlannedLayout.read(path).hardware()
+    except ValueError as exc:
+        raise bad_parameter("--plan", exc) from None
 
 
 def _layout(same_hardware: bool, hardware: Hardware, topology: str | None, node_gpus: int) -> Topology:

@@ -48,12 +48,19 @@ Ready = Callable[[], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Hardware:
-    """K groups of G GPUs each: what every target runs on; specgate's memory shares (None: the launcher's)."""
+    """K groups of G GPUs each: what every target runs on; specgate's memory shares (None: the launcher's) and how
+    many of its groups (the last ones) run a plain server alone."""
 
     groups: int
     gpus_per_group: int
     eagle_mem_fraction: float | None = None
     plain_mem_fraction: float | None = None
+    plain_only_groups: int = 0
+
+    @property
+    def servers(self) -> int:
+        """specgate's servers: two per co-located group, one per plain-only group."""
+        return 2 * self.groups - self.plain_only_groups
 
     def gpu_sets(self) -> list[list[int]]:
         """Each group's GPU ids: [[0..G-1], [G..2G-1], ...]."""
@@ -80,6 +87,8 @@ def specgate_config(stack: StackSettings, hardware: Hardware, port: int) -> dict
         launch |= {"topology": "colocated", "eagle": eagle | {"gpus": gpus[0]}, "plain": plain | {"gpus": gpus[0]}}
     else:
         launch |= {"topology": "groups", "groups": gpus, "eagle": eagle, "plain": plain}
+        if hardware.plain_only_groups:
+            launch["plain_only_groups"] = hardware.plain_only_groups
     if stack.profile_file is not None:
         launch["profile_file"] = str(stack.profile_file)
     if stack.profile is not None:
@@ -172,8 +181,10 @@ class FairEnvelope:
     def describe(self) -> str:
         """The report's sentences on what the targets are (with SMG's version and policy settings where it ran)."""
         k = self.hardware.groups
+        plain_only = self.hardware.plain_only_groups
         groups, servers = ("1 co-located EAGLE-3 + plain group", "1 server") if k == 1 else (
-            f"{k} co-located EAGLE-3 + plain groups", f"{k} servers")
+            f"{k - plain_only} co-located EAGLE-3 + plain groups" + (f" and {plain_only} plain-only" if plain_only else ""),
+            f"{k} servers")
         text = (
             f"Same hardware, {self.hardware} each way: `specgate` runs {groups} behind the gateway; `plain-dp`, "
             f"`eagle-dp` (running cap {self.eagle_cap}, as specgate's EAGLE servers) and `adaptive-dp` (SGLang "
@@ -257,6 +268,7 @@ class FairEnvelope:
             "gpus_per_group": self.hardware.gpus_per_group,
             "eagle_mem_fraction": self.hardware.eagle_mem_fraction,
             "plain_mem_fraction": self.hardware.plain_mem_fraction,
+            "plain_only_groups": self.hardware.plain_only_groups,
             "eagle_dp_max_running_requests": self.eagle_cap,
             "baseline_routers": list(self.routers),
             "config": self.config,
@@ -281,7 +293,7 @@ class FairEnvelope:
                 await ready()
             sim_urls = target.sim_urls
             if not sim_urls:
-                status = await all_backends_ready(target.url, target.children[0], 2 * self.hardware.groups)
+                status = await all_backends_ready(target.url, target.children[0], self.hardware.servers)
                 info["gateway_status"] = status
                 sim_urls = tuple(b["url"] for b in status["backends"])
             for child in target.children:

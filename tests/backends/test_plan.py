@@ -17,6 +17,9 @@ from pydantic import ValidationError
 from backends.config import LaunchConfig
 from backends.plan import LaunchPlan, PlanError, build_plan, redact_argv, redact_env
 from backends.resolve import eagle_running_limit
+from backends.sim.cli import read_settings
+from backends.sim.layout import plan_layout
+from backends.sim.profiles import load_profile
 from gateway.config import load_settings
 from specgate.cli import main
 
@@ -765,3 +768,43 @@ def test_plan_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     )
     code, output = run_plan("--config", str(impossible))
     assert code == 1 and "must stay below 1" in output
+
+
+# --- plain-only groups ------------------------------------------------------------------------
+
+
+def test_plain_only_groups_run_a_plain_server_alone_at_its_own_default_memory() -> None:
+    plan = build_plan(groups_launch(gpus=[0, 1, 2, 3], group_size=1, plain_only_groups=2), eagle_cap=16)
+    assert [p.name for p in plan.processes] == ["g0-eagle", "g0-plain", "g1-eagle", "g1-plain", "g2-plain", "g3-plain"]
+    assert [(e.backend, e.group, e.speculative) for e in plan.endpoints][4:] == [
+        ("g2-plain", "g2", False), ("g3-plain", "g3", False),
+    ]  # fmt: skip
+    g1_plain, g2_plain = plan.processes[3:5]
+    assert _flag(g1_plain.argv, "--mem-fraction-static") == "0.714"  # co-located: 0.5 / (1 - 0.3)
+    assert "--mem-fraction-static" not in g2_plain.argv  # alone on its GPUs: SGLang's own default
+    assert g2_plain.start_after is None and g2_plain.env["CUDA_VISIBLE_DEVICES"] == "2"
+    assert plan.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"groups": [[0], [1]], "plain_only_groups": 2}, "plain_only_groups = 2 leaves no co-located group of the 2"),
+        ({"topology": "colocated", "plain_only_groups": 1}, 'plain_only_groups applies only with topology = "groups"'),
+    ],
+)
+def test_plain_only_groups_leave_a_co_located_group(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        groups_launch(**values)
+
+
+def test_sim_serves_plain_only_groups_from_the_same_process_on_the_profiles_own_share() -> None:
+    config = LaunchConfig(topology="groups", gpus=[0, 1, 2], group_size=1, plain_only_groups=1, profile="llama8b-h100")
+    (process,) = build_plan(config, eagle_cap=2, free_port=ports(44000)).processes
+    assert _flag(process.argv, "--plain-only-port") == "44004"
+    assert [(e.backend, e.group, e.speculative) for e in process.endpoints][-1] == ("g2-plain", "g2", False)
+    slots = plan_layout(read_settings(process.argv[3:]), load_profile("llama8b-h100"))
+    assert [(s.role, s.group, s.mem_share) for s in slots] == [
+        ("eagle", 0, 0.405), ("plain", 0, 0.394), ("eagle", 1, 0.405), ("plain", 1, 0.394), ("plain", 2, 0.88),
+    ]  # fmt: skip
+    assert slots[-1].max_total_tokens == 400000  # alone on its GPU: the profile's own server
