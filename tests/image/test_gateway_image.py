@@ -159,5 +159,5 @@ def test_size_is_reported_and_bounded(gateway_image: Built) -> None:
 
 def test_relays_in_c_without_a_compiler(gateway_image: Built) -> None:
     # The wheel stage compiles gateway/relay/_sse.c; the compiler stays behind in that stage.
-    script = "import shutil, gateway.relay as r; print(r.TokenSink is not None, shutil.which('gcc') or shutil.which('cc'))"
+    script = "import shutil, gateway.relay.sse as r; print(r.TokenSink is not None, shutil.which('gcc') or shutil.which('cc'))"
     assert run_once(gateway_image.tag, "-c", script, entrypoint="python").split() == ["True", "None"]
