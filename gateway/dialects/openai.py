@@ -114,7 +114,10 @@ def messages_text(messages: Any) -> bytes | None:
         content = message.get("content")
         if not isinstance(content, str):
             # Content parts, tool calls: keyed on their JSON, which is as stable as the client's.
-            content = orjson.dumps([content, message.get("tool_calls")], option=orjson.OPT_SORT_KEYS).decode()
+            try:
+                content = orjson.dumps([content, message.get("tool_calls")], option=orjson.OPT_SORT_KEYS).decode()
+            except orjson.JSONEncodeError:  # nested deeper than JSON can be written back: no key, routed on load
+                return None
         parts.append(f"\x1e{message.get('role')}\x1f{content}".encode("utf-8", "surrogatepass"))
     return b"".join(parts)
 

@@ -12,7 +12,7 @@ import pytest
 from backends.testbed import GatewayProcess
 from gateway.dialects.native import NATIVE
 from gateway.dialects.ollama import OLLAMA
-from gateway.dialects.openai import OPENAI
+from gateway.dialects.openai import OPENAI, messages_text
 from gateway.pool.board import LoadBoard, LocalBoard
 from gateway.pool.prefix import BLOCK_BYTES, PrefixEstimate, PrefixTable, block_keys
 from tests.gateway.conftest import serving
@@ -131,3 +131,12 @@ def test_a_conversation_on_one_backend_is_predicted_and_reported_cached(gateway:
     metrics = httpx.get(gateway.url + "/metrics").text
     assert 'specgate_prefix_hit_tokens_total{backend="plain"}' in metrics
     assert 'specgate_prefix_predicted_tokens_total{backend="plain"}' in metrics
+
+
+def test_content_nested_deeper_than_json_can_be_written_gets_no_key() -> None:
+    deep: object = 1
+    for _ in range(254):
+        deep = {"a": deep}
+    assert messages_text([{"role": "user", "content": [deep]}]) is None
+    shallow = messages_text([{"role": "user", "content": [{"a": 1}]}])
+    assert shallow is not None and b'"a":1' in shallow
