@@ -125,8 +125,11 @@ async def test_a_thousand_clients_leaving_at_random_points_abort_upstream(
     assert len(upstream_rids - known) <= sum(1 for leaver in early if not leaver.rid)
     # Most early leavers stayed long enough for their request to reach a backend and be aborted there.
     assert early_reached >= 0.75 * sum(1 for leaver in early if leaver.rid)
-    # Status 499 counts every client that left before its response ended, headers sent or not.
-    assert client_gone == CLIENTS
+    # Status 499 counts every client that left before its response ended, headers sent or not; a client
+    # that left before the gateway had read its request was never a request (at most the early leavers
+    # not seen upstream).
+    unseen = len(early) - early_reached
+    assert CLIENTS - unseen <= client_gone <= CLIENTS
 
 
 async def _no_inflight(stack: Stack) -> bool:
