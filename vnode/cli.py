@@ -11,15 +11,20 @@ from typing import Literal
 import click
 from rich.console import Console
 
-from loadtest.envelope.cli import DEFAULT_LEVELS, DEFAULT_MAX_TPOT_RATIO, DEFAULT_MIN_THROUGHPUT_RATIO, parse_param
+from loadtest.envelope.cli import (
+    DEFAULT_LEVELS,
+    DEFAULT_MAX_TPOT_RATIO,
+    DEFAULT_MIN_THROUGHPUT_RATIO,
+    chosen_profile,
+    parse_policy_params,
+    sweep_settings,
+)
 from loadtest.envelope.comparison import FAILED, Bound, check_text, envelope_markdown
 from loadtest.envelope.baselines import MODES, ROUTER_CHOICES, SMG_SUFFIX, default_router_choice
 from loadtest.envelope.fair import SUBJECT, Hardware
-from loadtest.envelope.timescale import profile_for
 from loadtest.options import bad_parameter
 from loadtest.progress import progress_for
 from loadtest.report import command_line, write_all
-from loadtest.sweep import SweepSettings
 from loadtest.table import summary_table, table_console
 from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
 from vnode.envelope import EnvelopeSpec, run_envelope
@@ -119,17 +124,10 @@ def envelope(
     workload: WorkloadChoice,
 ) -> None:
     """specgate against the same GPUs run each other way, in virtual time (the model of `python -m loadtest envelope`)."""
-    try:
-        params = dict(parse_param(p) for p in policy_params)
-    except ValueError as exc:
-        raise bad_parameter("--policy-param", exc) from None
-    levels = workload.levels(concurrency, request_rate, DEFAULT_LEVELS)
-    settings = SweepSettings(levels=levels, requests_per_level=workload.requests(requests_per_level, min_requests, levels),
-                             input_len=input_len, output_len=output_len, warmup=warmup, seed=seed, **workload.settings())
-    try:
-        model = profile_for(profile, profile_file)
-    except ValueError as exc:
-        raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
+    params = parse_policy_params(policy_params)
+    settings = sweep_settings(workload, concurrency, request_rate, requests_per_level, min_requests, input_len,
+                              output_len, warmup, seed)
+    model = chosen_profile(profile, profile_file)
     hardware = Hardware(groups, gpus_per_group or model.num_gpus, eagle_mem_fraction, plain_mem_fraction)
     if hardware.groups * hardware.gpus_per_group > model.node_gpus:
         raise click.UsageError(f"--groups {groups} x --gpus-per-group {hardware.gpus_per_group} needs "
@@ -219,10 +217,7 @@ def family_command(member_text: str, workload_text: str, jobs: int | None, seed:
     unknown = [w for w in names if w not in WORKLOADS]
     if unknown or not names:
         raise click.BadParameter(f"workloads are {', '.join(WORKLOADS)}; got {workload_text!r}", param_hint="--workloads")
-    try:
-        params = dict(parse_param(p) for p in policy_params)
-    except ValueError as exc:
-        raise bad_parameter("--policy-param", exc) from None
+    params = parse_policy_params(policy_params)
     began = time.perf_counter()
     scale = replace(Scale(), input_len=input_len, output_len=output_len).times(requests_factor)
     cells = run_family(chosen, names, scale=scale, seed=seed,

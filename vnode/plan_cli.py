@@ -18,12 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.config import PolicyConfig, Settings
-from loadtest.envelope.cli import DEFAULT_LEVELS, parse_param
+from loadtest.envelope.cli import DEFAULT_LEVELS, chosen_profile, parse_policy_params, sweep_settings
 from loadtest.envelope.fair import specgate_config
 from loadtest.envelope.harness import StackSettings
-from loadtest.envelope.timescale import profile_for
-from loadtest.options import bad_parameter
-from loadtest.sweep import SweepSettings
 from loadtest.table import table_console
 from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
 from vnode.planner import DEFAULT_KV_SHARES, Outcome, PlanResult, PlanSpec, Unplannable, plan
@@ -94,19 +91,12 @@ def run_planner(
     if profile is None and profile_file is None:
         raise click.UsageError("give --config FILE (the launch plan of a config), or --profile/--profile-file and the "
                                "traffic (plan the node's layout)")
-    try:
-        model = profile_for(profile, profile_file)
-    except ValueError as exc:
-        raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
-    try:
-        params = tuple(parse_param(p) for p in policy_params)
-    except ValueError as exc:
-        raise bad_parameter("--policy-param", exc) from None
-    levels = workload.levels(concurrency, request_rate, DEFAULT_LEVELS)
-    per_level = workload.requests(requests_per_level or (PLANNER_REQUESTS if levels[0].concurrency else None),
-                                  min_requests, levels)
-    settings = SweepSettings(levels=levels, requests_per_level=per_level, input_len=input_len, output_len=output_len,
-                             warmup=warmup, seed=seed, **workload.settings())
+    model = chosen_profile(profile, profile_file)
+    params = tuple(parse_policy_params(policy_params).items())
+    closed = workload.levels(concurrency, request_rate, DEFAULT_LEVELS)[0].concurrency
+    settings = sweep_settings(workload, concurrency, request_rate,
+                              requests_per_level or (PLANNER_REQUESTS if closed else None), min_requests, input_len,
+                              output_len, warmup, seed)
     spec = PlanSpec(profile, profile_file, gpus or model.node_gpus, settings, policy, params, _kv_shares(kv_share_text))
     console = Console(stderr=True)
     # The sweeps are counted once the layouts are checked: the bar learns its length from the first report.

@@ -22,6 +22,7 @@ from loadtest.envelope.fair import FairEnvelope, Hardware
 from loadtest.envelope.harness import Envelope, StackSettings, Topology
 from loadtest.envelope.planned import PlannedLayout
 from loadtest.envelope.smg import Smg
+from backends.sim.profiles import Profile
 from loadtest.envelope.timescale import LevelLoad, auto_time_scale, profile_for
 from loadtest.options import bad_parameter
 from loadtest.progress import progress_for
@@ -51,6 +52,31 @@ def parse_param(text: str) -> tuple[str, Any]:
             except ValueError:
                 continue
     return key, value
+
+
+def parse_policy_params(texts: tuple[str, ...]) -> dict[str, Any]:
+    """`--policy-param` values as a dict, or a usage error naming the option."""
+    try:
+        return dict(parse_param(p) for p in texts)
+    except ValueError as exc:
+        raise bad_parameter("--policy-param", exc) from None
+
+
+def chosen_profile(profile: str | None, profile_file: Path | None) -> Profile:
+    """`--profile`/`--profile-file` as the simulator reads them, or a usage error naming the option."""
+    try:
+        return profile_for(profile, profile_file)
+    except ValueError as exc:
+        raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
+
+
+def sweep_settings(workload: WorkloadChoice, concurrency: str | None, request_rate: str | None,
+                   requests_per_level: str | None, min_requests: int, input_len: int, output_len: int, warmup: int,
+                   seed: int) -> SweepSettings:
+    """The sweep the load tool's workload options describe (levels default to `DEFAULT_LEVELS`)."""
+    levels = workload.levels(concurrency, request_rate, DEFAULT_LEVELS)
+    return SweepSettings(levels=levels, requests_per_level=workload.requests(requests_per_level, min_requests, levels),
+                         input_len=input_len, output_len=output_len, warmup=warmup, seed=seed, **workload.settings())
 
 
 def parse_time_scale(text: str) -> float | None:
@@ -196,21 +222,14 @@ def envelope(
     """Compare specgate with the same GPUs run each other way (or, with --compare single, its two servers)."""
     if (profile is None) == (profile_file is None):
         raise click.UsageError("give exactly one of --profile NAME or --profile-file PATH")
-    try:
-        params = dict(parse_param(p) for p in policy_params)
-    except ValueError as exc:
-        raise bad_parameter("--policy-param", exc) from None
-    levels = workload.levels(concurrency, request_rate, DEFAULT_LEVELS)
-    settings = SweepSettings(levels=levels, requests_per_level=workload.requests(requests_per_level, min_requests, levels),
-                             input_len=input_len, output_len=output_len, warmup=warmup, seed=seed, **workload.settings())
+    params = parse_policy_params(policy_params)
+    settings = sweep_settings(workload, concurrency, request_rate, requests_per_level, min_requests, input_len,
+                              output_len, warmup, seed)
     try:
         fixed_scale = parse_time_scale(time_scale_text)
     except ValueError as exc:
         raise bad_parameter("--time-scale", exc) from None
-    try:
-        model = profile_for(profile, profile_file)
-    except ValueError as exc:
-        raise bad_parameter("--profile-file" if profile_file else "--profile", exc) from None
+    model = chosen_profile(profile, profile_file)
     same_hardware = compare == "same-hardware"
     if plan_path is None:
         # None (not 1) by default, so the recorded command of a --plan run does not spell out a --groups it replaces.
