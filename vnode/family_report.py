@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -22,14 +22,20 @@ def _figure(check: BoundCheck) -> str:
     return f"{check.worst:.0f}" if check.name == FAILED else f"{check.worst:.3f}"
 
 
-def cell_text(cell: Cell) -> str:
-    """`0.981 / 1.012` (the worst ratio of each bound but failures; `+3 failed` where requests failed), red where a bound fails."""
+def _cell(cell: Cell, marked: Callable[[str], str], failures: str) -> str:
+    """The worst ratio of each bound but failures, joined by ` / `, `marked` where a bound fails; `failures`
+    (a format of the count) where requests failed."""
     ratios = [c for c in cell.checks if c.name != FAILED]
-    text = " / ".join(f"[red]{_figure(c)}[/]" if not c.met else _figure(c) for c in ratios)
+    text = " / ".join(marked(_figure(c)) if not c.met else _figure(c) for c in ratios)
     failed = next((c for c in cell.checks if c.name == FAILED), None)
     if failed is not None and not failed.met:
-        text += f" [red]+{_figure(failed)} failed[/]"
+        text += failures.format(_figure(failed))
     return text
+
+
+def cell_text(cell: Cell) -> str:
+    """`0.981 / 1.012` (the worst ratio of each bound but failures; `+3 failed` where requests failed), red where a bound fails."""
+    return _cell(cell, lambda figure: f"[red]{figure}[/]", " [red]+{} failed[/]")
 
 
 def family_table(cells: Sequence[Cell]) -> Table:
@@ -73,12 +79,7 @@ def cells_json(cells: Sequence[Cell], seconds: float) -> bytes:
 
 
 def _md_cell(cell: Cell) -> str:
-    ratios = [c for c in cell.checks if c.name != FAILED]
-    text = " / ".join(f"**{_figure(c)}**" if not c.met else _figure(c) for c in ratios)
-    failed = next((c for c in cell.checks if c.name == FAILED), None)
-    if failed is not None and not failed.met:
-        text += f" (+{_figure(failed)} failed)"
-    return text + (" ✓" if not cell.failed else "")
+    return _cell(cell, lambda figure: f"**{figure}**", " (+{} failed)") + (" ✓" if not cell.failed else "")
 
 
 def family_markdown(cells: Sequence[Cell], seconds: float, command: str) -> str:
