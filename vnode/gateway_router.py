@@ -8,7 +8,8 @@ of progress it reports learned at once; at the end the usage (`Pool.record_outpu
 stream of at least two tokens, the `Completion` the relay builds from the slot's decode window,
 learned then (one worker: the board's ring replays each record to the policy as it is recorded); the
 slot is released last. The pool runs on the
-model's clock; every backend is ready from the start, as the envelope waits for them to be.
+model's clock; every backend is ready from the start, as the envelope waits for them to be, with its
+KV capacity known as its first `/v1/loads` tells the health checker.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gateway.errors import OpenAIError
 from gateway.dialects.openai import messages_text
 from gateway.policies import Completion, Policy, Progress, Prompt, route
 from gateway.pool.backends import Backend, DecodeWindow, Health, Pool, Slot
+from gateway.pool.engine_load import EngineLoad
 from gateway.pool.prefix import PrefixEstimate, PromptKey
 from gateway.tiers import DEFAULT, admit_tier, requested_tier
 from vnode.requests import Request
@@ -70,6 +72,12 @@ class GatewayRouter:
         self._index = {b.name: i for i, b in enumerate(backends)}
         self._flights: dict[str, _Flight] = {}
         self.prefix_estimate = PrefixEstimate(len(backends))
+
+    def engines_loaded(self, capacities: Sequence[int]) -> None:
+        """Each backend's KV capacity in tokens, in the pool's order, as its first `/v1/loads` reports it
+        (the health checker's poll once it is ready; the capacity does not change while it runs)."""
+        for backend, capacity in zip(self.pool, capacities, strict=True):
+            backend.engine_load = EngineLoad(None, None, 1, ({"dp_rank": 0, "max_total_num_tokens": capacity},))
 
     def route(self, request: Request, now: float, pending: int = 0) -> int:
         pool = self.pool

@@ -87,6 +87,8 @@ class TargetSpec:
             if draws == "request":
                 core.steps = RequestDraws(core.table, self.sim.seed)
             node.add_server(Server(name, core, gpu, node.deliver))
+        if isinstance(router, GatewayRouter):
+            router.engines_loaded([core.table.max_total_tokens for core in cores])
         return node
 
     def _router(self, names: list[str], clock: Callable[[], float], cores: list[EngineCore]) -> Router:

@@ -113,7 +113,9 @@ class Backend:
     def _view(self) -> BackendView:
         board, i = self.board, self.index
         inflight, expected, chunks = int(board.total(i, INFLIGHT)), board.total(i, EXPECTED), int(board.total(i, CHUNKS))
-        return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks)
+        load = self.engine_load
+        kv, kv_rank = (load.kv_tokens, load.kv_rank_tokens) if load is not None else (0, 0)
+        return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks, kv, kv_rank)
 
     @property
     def available(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -14,6 +14,16 @@ class EngineLoad:
     accelerator: str | None
     num_accelerators: int
     ranks: tuple[dict[str, Any], ...]  # its `loads[]` entries, one per DP rank
+    # Its KV cache's capacity in tokens (`max_total_num_tokens`) over all its ranks, and the smallest rank's:
+    # the longest request it surely holds (a request runs on one rank). 0: not reported. Read per routing
+    # decision, so worked out once here.
+    kv_tokens: int = field(init=False)
+    kv_rank_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        capacities = [as_int(rank.get("max_total_num_tokens")) for rank in self.ranks]
+        object.__setattr__(self, "kv_tokens", sum(capacities))
+        object.__setattr__(self, "kv_rank_tokens", min(capacities, default=0))
 
 
 def parse_engine_load(body: Any) -> EngineLoad | None:

@@ -18,6 +18,10 @@ class BackendView:
     # token-bearing chunks relayed to them so far (a policy turns chunks into tokens).
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
+    # Its KV cache's capacity in tokens as its engine last reported it (`/v1/loads`): over all its ranks,
+    # and its smallest rank's (the longest request it surely holds). 0: not known.
+    kv_tokens: int = 0
+    kv_rank_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.group:

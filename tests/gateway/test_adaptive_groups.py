@@ -241,3 +241,37 @@ def test_a_prompt_goes_where_its_prefix_lives_once_prefill_cost_is_known() -> No
     assert policy.choose(groups((2, 0), (3, 0)), prompt=prompt) == Decision("g1-eagle", "adaptive_prefix")
     # A prompt no backend holds leaves the load to decide.
     assert policy.choose(groups((2, 0), (3, 0)), prompt=Prompt(3000.0, {}, 64)).backend == "g0-eagle"
+
+
+def with_kv(snapshot: PoolSnapshot, **capacity: int) -> PoolSnapshot:
+    """`snapshot` with the KV capacities (tokens) its engines reported, by backend name with `_` for `-`."""
+    views = []
+    for v in snapshot.backends:
+        kv = capacity.get(v.name.replace("-", "_"), 0)
+        views.append(BackendView(v.name, v.speculative, v.available, v.inflight, v.group, v.expected_tokens, v.relayed_chunks, kv, kv))
+    return PoolSnapshot(tuple(views))
+
+
+def test_a_prompt_goes_only_where_a_kv_cache_can_hold_it() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    # g1's servers each hold 60,000 tokens, g0's 30,000: a 40,000-token prompt fits g1 only, even busier.
+    node = with_kv(groups((0, 0), (3, 0)), g0_eagle=30_000, g0_plain=30_000, g1_eagle=60_000, g1_plain=60_000)
+    assert policy.choose(node, prompt=Prompt(40_000.0, {}, 512)).backend == "g1-eagle"
+    assert policy.choose(node, prompt=Prompt(4_000.0, {}, 512)).backend == "g0-eagle"
+    # With its output limit it fits one server only.
+    only = with_kv(groups((0, 0), (3, 0)), g0_eagle=30_000, g0_plain=30_000, g1_eagle=30_000, g1_plain=45_000)
+    assert policy.choose(only, prompt=Prompt(40_000.0, {}, 4_096)) == Decision("g1-plain", "adaptive_kv_fit")
+    # Where none holds it, it goes where the rules send it (the server's own error says why).
+    assert policy.choose(node, prompt=Prompt(90_000.0, {}, 512)).backend == "g0-eagle"
+
+
+def test_the_kv_room_is_learned_from_the_responses_footprint() -> None:
+    # Plain's line is measured nearly flat, so it looks faster than EAGLE's at a burst of 16 in the group;
+    # once responses show 7,680 + 512 tokens a request, plain's 98,304-token KV cache holds 12 of them.
+    eagle, plain = TpotLine(5.5 * MS, 0.14 * MS), TpotLine(6.3 * MS, 0.0063 * MS)
+    policy = trained(1, eagle, plain)
+    burst = with_kv(PoolSnapshot((view("g0", "eagle", 15), view("g0", "plain"))), g0_eagle=165_000, g0_plain=98_304)
+    assert policy.choose(burst).backend == "g0-plain"  # nothing says what a request holds yet
+    for _ in range(100):  # the footprint is a moving mean over responses, as the output length is
+        policy.observe(Completion("g0-eagle", 512, 0.2, 511 * eagle.at(15), 15.0, 15.0, 180, prompt_tokens=7_680))
+    assert policy.choose(burst).backend == "g0-eagle"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -36,9 +37,10 @@ def backend(
     available: bool = True,
     cap: int | None = None,
     tau: float = 1.0,
+    room: float | None = None,
 ) -> BackendState:
     name = f"{'eagle' if speculative else 'plain'}-{group}"
-    return BackendState(name, group, speculative, available, inflight, cap, line, tau, remaining)
+    return BackendState(name, group, speculative, available, inflight, cap, line, tau, remaining, room)
 
 
 def test_a_lone_request_speculates() -> None:
@@ -212,3 +214,29 @@ def test_the_other_server_of_a_group_takes_a_long_prompt_with_a_short_answer() -
     held = {"eagle-g0": 0.0, "plain-g0": 30.0}
     assert choose(backends, state, PromptCost(held, output_tokens=4)) == ("eagle-g0", "adaptive_prefix_beside")
     assert choose(backends, state, PromptCost({"eagle-g0": 0.0, "plain-g0": 0.01}, output_tokens=2000))[0] == "plain-g0"
+
+
+# A long-context burst on llama8b-h100 with EAGLE's larger KV share (7,680 + 512 tokens a request): plain's
+# line, measured near idle only, extrapolates nearly flat and predicts it faster at 16 requests, but its KV
+# cache holds 12 of them and EAGLE's 20.
+BURST_E = TpotLine(5.5, 0.14)
+BURST_P = TpotLine(6.3, 0.0063)
+
+
+def test_a_group_does_not_switch_to_a_mode_whose_kv_cache_cannot_hold_its_load() -> None:
+    def group(plain_room: float | None, eagle_room: float | None) -> list[BackendState]:
+        return [eagle("g0", 8, line=BURST_E, remaining=0.0, room=eagle_room), plain("g0", line=BURST_P, room=plain_room)]
+
+    burst = {"g0": GroupState(16.0, mode=True)}
+    assert choose(group(None, None), burst) == ("plain-g0", "adaptive_group_switch")
+    assert choose(group(12.0, 20.0), burst) == ("eagle-g0", "adaptive_predicted_faster")
+    # Room for the whole load in both: the lines alone decide, as without a known capacity.
+    assert choose(group(40.0, 40.0), burst) == ("plain-g0", "adaptive_group_switch")
+
+
+def test_a_request_goes_where_it_would_not_wait_for_kv_room() -> None:
+    # Two plain groups of one with the same line: the one whose KV cache is full makes it wait a round.
+    full = backend(False, "g0", 6, line=FIELD_P, room=4.0)
+    roomy = backend(False, "g1", 7, line=FIELD_P, room=64.0)
+    assert choose([full, roomy]) == ("plain-g1", "adaptive_predicted_faster")
+    assert choose([replace(full, room=None), roomy]) == ("plain-g0", "adaptive_predicted_faster")

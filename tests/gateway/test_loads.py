@@ -127,3 +127,14 @@ async def test_the_route_answers_sglangs_shape_and_refuses_unknown_sections_as_o
         assert "gpu" in assert_openai_error(bad, 400, param="include")["message"]
         text = (await client.get("/v1/loads", params={"format": "prometheus"}, headers=key)).text
         assert 'sglang_num_running_reqs{dp_rank="0"} 1' in text
+
+
+def test_the_policy_sees_each_backends_kv_capacity_as_its_engine_reports_it() -> None:
+    pool = node({})
+    assert (pool.snapshot().get("eagle").kv_tokens, pool.snapshot().get("eagle").kv_rank_tokens) == (0, 0)
+    pool["eagle"].engine_load = engine(waiting=0, used=0, capacity=10_000, throughput=0.0)
+    two_ranks = {"loads": [{"dp_rank": 0, "max_total_num_tokens": 6_000}, {"dp_rank": 1, "max_total_num_tokens": 5_000}]}
+    pool["plain"].engine_load = parse_engine_load(two_ranks)
+    eagle, plain = pool.snapshot().get("eagle"), pool.snapshot().get("plain")
+    assert (eagle.kv_tokens, eagle.kv_rank_tokens) == (10_000, 10_000)
+    assert (plain.kv_tokens, plain.kv_rank_tokens) == (11_000, 5_000)  # a request runs on one rank

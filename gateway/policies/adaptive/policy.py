@@ -77,7 +77,7 @@ OUTPUT_RATE = 0.05
 PREFILL_MIN_TOKENS = 256
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
-_NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable", "adaptive_prefix_beside")
+_NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable", "adaptive_prefix_beside", "adaptive_kv_fit")
 
 
 class AdaptivePolicy(Policy):
@@ -118,6 +118,7 @@ class AdaptivePolicy(Policy):
         self._loads: tuple[PoolSnapshot | None, tuple[float, float]] = (None, (0.0, 0.0))  # `_group_loads`' last reading
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
+        self._footprint: float | None = None  # KV tokens a request holds: mean uncached prompt + output
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._live: Callable[[], PoolSnapshot] | None = None
@@ -145,6 +146,11 @@ class AdaptivePolicy(Policy):
 
     def _decide(self, snapshot: PoolSnapshot, tier: Tier, prompt: Prompt | None) -> tuple[str, str]:
         available = [v for v in snapshot.backends if v.available]
+        holding = _holding(available, prompt)
+        if len(holding) < len(available):  # the others would refuse it: their KV cache cannot hold it
+            available = holding
+            if len(available) == 1:
+                return available[0].name, "adaptive_kv_fit"
         if len(available) <= 1:
             fallback = available or sorted(snapshot.backends, key=lambda v: v.speculative)
             return fallback[0].name, "adaptive_unavailable"
@@ -245,6 +251,11 @@ class AdaptivePolicy(Policy):
         responses with a long uncached prompt (their TTFT is mostly prefill, queueing for it included)."""
         self._mean_output += OUTPUT_RATE * (completion.output_tokens - self._mean_output)
         uncached = completion.prompt_tokens - completion.cached_tokens
+        # Uncached: a prefix other requests share is held once (an own earlier turn's is not, and is
+        # missed: the room is then overestimated, which errs towards pricing no wait at all).
+        footprint = float(max(uncached, 0) + completion.output_tokens)
+        known_footprint = self._footprint
+        self._footprint = footprint if known_footprint is None else known_footprint + OUTPUT_RATE * (footprint - known_footprint)
         if uncached >= PREFILL_MIN_TOKENS and completion.ttft > 0.0 and arm.speculative is not None:
             per_token = completion.ttft / uncached
             known = self._prefill.get(arm.speculative)
@@ -428,6 +439,7 @@ class AdaptivePolicy(Policy):
             line=line,
             tau=tau,
             remaining=remaining,
+            room=max(view.kv_tokens / self._footprint, 1.0) if view.kv_tokens and self._footprint else None,
         )
 
     def _prompt_cost(self, available: list[BackendView], prompt: Prompt | None) -> PromptCost | None:
@@ -479,3 +491,14 @@ class AdaptivePolicy(Policy):
 
     def _spec_factor(self, arm: Arm) -> float:
         return self._factor(bool(arm.speculative), arm.estimator.evidence)
+
+
+def _holding(available: list[BackendView], prompt: Prompt | None) -> list[BackendView]:
+    """The backends whose KV cache can hold the request (its prompt and the output it asks for at most),
+    as SGLang admits it; every one of `available` while no backend's capacity is known to be short (or
+    when none holds it: the backend's own error then says why)."""
+    if prompt is None:
+        return available
+    need = prompt.tokens + (prompt.max_tokens or 0)
+    holding = [v for v in available if not v.kv_rank_tokens or need <= v.kv_rank_tokens]
+    return holding or available

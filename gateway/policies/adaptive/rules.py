@@ -11,7 +11,7 @@ drain) [`adaptive_group_switch`, else `adaptive_group_stay`], and it turns to sp
 that also holds at its settled load and within the load EAGLE was measured at; (3) the request goes
 to the group where it would decode fastest, priced at the round it joins (its server's step plus
 the other server's, if that one has requests); (4) a capped backend gets nothing [`adaptive_cap`].
-The derivation and what each part buys: docs/adaptive.md.
+Every price counts the wait for KV room (`BackendState.room`). Derivation and measures: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ class BackendState:
     # Share of their expected output its in-flight requests have still to produce. Unknown: 0, so
     # a group switches at once (a 1 would keep it in its mode for as long as requests keep coming).
     remaining: float = 0.0
+    # Requests of the usual size its KV cache holds at once (None: not known, no limit). Beyond it SGLang
+    # queues the rest, so a load of n runs `room` at a time and every request's life stretches by n / room.
+    room: float | None = None
 
     @property
     def open(self) -> bool:
@@ -149,14 +152,26 @@ def _cold(available: list[BackendState]) -> tuple[str, str]:
     return min(preferred, key=lambda b: b.name).name, "adaptive_prior"
 
 
+def _running(b: BackendState, n: float) -> float:
+    """How many of `n` requests on `b` decode at once: all of them, or as many as its KV cache holds."""
+    return min(n, b.room) if b.room is not None else n
+
+
+def _stretch(b: BackendState, n: float) -> float:
+    """How much longer each of `n` requests on `b` takes for the ones its KV cache makes wait: n / room."""
+    return n / b.room if b.room is not None and n > b.room else 1.0
+
+
 def _tpot(b: BackendState, n: float) -> float:
+    """Predicted TPOT with `n` requests on `b`, the wait for KV room included."""
     assert b.line is not None
-    return b.line.at(n)
+    return b.line.at(_running(b, n)) * _stretch(b, n)
 
 
 def _step(b: BackendState, n: float) -> float:
-    """Predicted step time with n requests running: its tokens per step times its TPOT."""
-    return b.tau * _tpot(b, n) if n > 0 else 0.0
+    """Predicted step time with n requests on `b`: its tokens per step times its TPOT for those running."""
+    assert b.line is not None
+    return b.tau * b.line.at(_running(b, n)) if n > 0 else 0.0
 
 
 def _stay_loss(old: BackendState, new: BackendState, load: float) -> float:
@@ -170,8 +185,8 @@ def _switch_loss(old: BackendState, new: BackendState, load: float) -> float:
     against serving the same tokens in the new mode alone."""
     n_old = old.inflight
     n_new = max(load - n_old, 1.0)
-    tokens = old.tau * n_old + new.tau * n_new
-    per_token_new = _step(new, load) / (new.tau * load)
+    tokens = old.tau * _running(old, n_old) + new.tau * _running(new, n_new)
+    per_token_new = _step(new, load) / (new.tau * _running(new, load))
     extra = _step(old, n_old) + _step(new, n_new) - tokens * per_token_new
     return old.remaining / old.tau * extra
 
@@ -203,9 +218,11 @@ def _group_option(members: list[BackendState], state: GroupState) -> _Option | N
 
 def _joined_tpot(pick: BackendState, members: list[BackendState]) -> float:
     """The TPOT a request joining `pick` would see: co-located servers take turns on the GPU, so a round
-    is `pick`'s step with it plus the step of every other server of the group that has requests."""
-    round_time = _step(pick, pick.inflight + 1) + sum(_step(b, b.inflight) for b in members if b is not pick)
-    return round_time / pick.tau
+    is `pick`'s step with it plus the step of every other server of the group that has requests (and it
+    waits its turn for KV room where `pick` has none left)."""
+    joined = pick.inflight + 1
+    round_time = _step(pick, joined) + sum(_step(b, b.inflight) for b in members if b is not pick)
+    return round_time / pick.tau * _stretch(pick, joined)
 
 
 def _worth_switching(old: BackendState, new: BackendState, load: float) -> bool:
