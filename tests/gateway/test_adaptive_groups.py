@@ -267,10 +267,10 @@ def test_a_prompt_goes_only_where_a_kv_cache_can_hold_it() -> None:
 
 def test_the_kv_room_is_learned_from_the_responses_footprint() -> None:
     # Plain's line is measured nearly flat, so it looks faster than EAGLE's at a burst of 16 in the group;
-    # once responses show 7,680 + 512 tokens a request, plain's 98,304-token KV cache holds 12 of them.
+    # once responses show 7,680 + 512 tokens a request, plain's 56,000-token KV cache holds 6 of them.
     eagle, plain = TpotLine(5.5 * MS, 0.14 * MS), TpotLine(6.3 * MS, 0.0063 * MS)
     policy = trained(1, eagle, plain)
-    burst = with_kv(PoolSnapshot((view("g0", "eagle", 15), view("g0", "plain"))), g0_eagle=165_000, g0_plain=98_304)
+    burst = with_kv(PoolSnapshot((view("g0", "eagle", 15), view("g0", "plain"))), g0_eagle=165_000, g0_plain=56_000)
     assert policy.choose(burst).backend == "g0-plain"  # nothing says what a request holds yet
     for _ in range(100):  # the footprint is a moving mean over responses, as the output length is
         policy.observe(Completion("g0-eagle", 512, 0.2, 511 * eagle.at(15), 15.0, 15.0, 180, prompt_tokens=7_680))
