@@ -6,7 +6,7 @@ sweeps one target after another. A level's records become `loadtest.stats.LevelS
 TTFT/TPOT/ITL/E2E percentiles, cache hit rate, goodput under the SLOs), the levels a results
 document in the load tool's format, and `loadtest.envelope.comparison.add_ratios` adds the ratios
 against the best baseline per level and the bounds' verdict. Deterministic: nothing reads a clock.
-Cache hits are the engines' own counts (the real-time envelope's simulators do not report them).
+Cache hits are the engines' own counts, the ones the real-time envelope's simulators report in usage.
 """
 
 from __future__ import annotations

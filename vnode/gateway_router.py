@@ -10,6 +10,12 @@ learned then (one worker: the board's ring replays each record to the policy as 
 slot is released last. The pool runs on the
 model's clock; every backend is ready from the start, as the envelope waits for them to be, with its
 KV capacity known as its first `/v1/loads` tells the health checker.
+
+The node's hop (the request path's cost, each way) lies between the gateway and its servers: the
+gateway stamps a request's arrival before it parses, routes and forwards it, and the server reads and
+tokenizes it before its prefill, so a TTFT the gateway measures spans the path both ways (real time,
+llama8b-h100 multi-turn at time scale 3: the load tool's TTFT p50 exceeds the gateway's by 1 of the
+5 model ms the path adds). The adaptive policy prices a prompt's prefill from those TTFTs.
 """
 
 from __future__ import annotations
@@ -58,7 +64,9 @@ class GatewayRouter:
         *,
         inflight_limit: int,
         flex_share: float,
+        hop: float = 0.0,
     ) -> None:
+        """`hop`: the node's, in seconds each way (see the module docstring)."""
         self.policy = policy
         self.pool = Pool(
             [Backend(b.name, f"vnode:{b.name}", b.speculative, group=b.group, health=Health.READY) for b in backends],
@@ -69,6 +77,7 @@ class GatewayRouter:
         policy.attach(self.pool.snapshot)
         self.inflight_limit = inflight_limit
         self.flex_share = flex_share
+        self.hop = hop
         self._index = {b.name: i for i, b in enumerate(backends)}
         self._flights: dict[str, _Flight] = {}
         self.prefix_estimate = PrefixEstimate(len(backends))
@@ -133,14 +142,16 @@ class GatewayRouter:
             if flight.key is not None and flight.prompt is not None:  # the exchange's usage accounting
                 predicted = flight.prompt.cached.get(name, 0.0)
                 self.pool.record_prompt(name, request.prompt_tokens, cached_tokens, predicted)
-                self.prefix_estimate.learn(slot.backend.index, flight.key.size, request.prompt_tokens, predicted, cached_tokens)
+                # SGLang leaves `prompt_tokens_details` out when nothing was cached: the gateway reads no count then.
+                reported = cached_tokens or None
+                self.prefix_estimate.learn(slot.backend.index, flight.key.size, request.prompt_tokens, predicted, reported)
             window = slot.decode_window()
             if output_tokens >= 2 and window is not None and flight.first_token_at is not None:
                 self.policy.observe(
                     Completion(
                         backend=name,
                         output_tokens=output_tokens,
-                        ttft=flight.first_token_at - flight.arrived,
+                        ttft=flight.first_token_at - flight.arrived + 2 * self.hop,
                         decode_seconds=window.seconds,
                         mean_inflight=window.mean_inflight,
                         mean_group_inflight=window.mean_group_inflight,

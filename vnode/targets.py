@@ -70,14 +70,15 @@ class TargetSpec:
 
         `router` replaces the target's own (the balancer, or specgate's gateway); `draws`: "server", the
         simulator's own acceptance draws, or "request", each request's own (`vnode.draws`); `hop`: seconds
-        between the clients and the servers, each way (`vnode.node`).
+        between the clients and the servers, each way (`vnode.node`), which specgate's gateway's TTFTs span
+        (`vnode.gateway_router`).
         """
         profile = _profile(self.sim)
         slots = plan_layout(self.sim, profile)
         text = _text(self.sim.seed)
         names = [b.name for b in self.gateway.backends] if self.gateway else [f"{self.name}-{i}" for i in range(len(slots))]
         cores: list[EngineCore] = []  # filled below, in the router's index order; SMG's load polls read them
-        router = router or self._router(names, lambda: events.now, cores)
+        router = router or self._router(names, lambda: events.now, cores, hop)
         node = Node(events, router, text, profile.context_length, names if self.gateway else [None] * len(names), hop)
         gpus: dict[int, Gpu] = {}
         for index, (slot, name) in enumerate(zip(slots, names, strict=True)):
@@ -91,14 +92,14 @@ class TargetSpec:
             router.engines_loaded([core.table.max_total_tokens for core in cores])
         return node
 
-    def _router(self, names: list[str], clock: Callable[[], float], cores: list[EngineCore]) -> Router:
+    def _router(self, names: list[str], clock: Callable[[], float], cores: list[EngineCore], hop: float) -> Router:
         gateway = self.gateway
         if gateway is None and self.smg is not None:
             return SmgCacheAwareRouter(len(names), lambda: cores, self.smg, seed=self.sim.seed)
         if gateway is None:
             return LeastInFlightRouter(names)
         return GatewayRouter(make_policy(gateway.policy), gateway.backends, clock, inflight_limit=gateway.inflight_limit,
-                             flex_share=gateway.policy.tier_flex_inflight_share)
+                             flex_share=gateway.policy.tier_flex_inflight_share, hop=hop)
 
 
 @lru_cache(maxsize=8)  # read-only once built, and 20 ms to build: every node of a process shares its seed's

@@ -8,15 +8,17 @@ from collections.abc import Callable
 import pytest
 
 from gateway.policies import Completion
+from gateway.policies.static import ThresholdPolicy
 from gateway.pool.backends import Backend, Health, Pool
 from loadtest.envelope.fair import SUBJECT, Hardware
-from loadtest.records import RequestRecord
+from loadtest.records import RequestRecord, RequestSpec
 from loadtest.sweep import Level, RequestsPerLevel, SweepSettings
 from vnode.clients import run_plan
 from vnode.envelope import QuietProgress, warm_up_plan
 from vnode.events import EventQueue
-from vnode.gateway_router import GatewayRouter
-from vnode.targets import same_hardware_targets
+from vnode.gateway_router import BackendSpec, GatewayRouter
+from vnode.requests import Request
+from vnode.targets import TargetSpec, same_hardware_targets
 
 
 def expected_completions(records: list[RequestRecord], backends: list[tuple[str, bool, str]]) -> list[Completion]:
@@ -57,23 +59,34 @@ def key(c: Completion) -> tuple[str, float, float]:
     return c.backend, round(c.ttft, 9), round(c.decode_seconds, 9)
 
 
-def test_the_policy_learns_the_completions_a_slot_driven_gateway_would_build() -> None:
-    levels = tuple(Level(concurrency=c) for c in (1, 2, 4, 8))
-    settings = SweepSettings(levels=levels, requests_per_level=RequestsPerLevel(3, True, 8), input_len=64, output_len=32)
+def specgate_of(settings: SweepSettings) -> TargetSpec:
+    """specgate on two co-located groups of 4 field-8gpu GPUs."""
     hardware = Hardware(2, 4, eagle_mem_fraction=0.4)
     _, targets = same_hardware_targets("field-8gpu", None, hardware, settings, QuietProgress())
-    specgate = next(t for t in targets if t.name == SUBJECT)
-    node = specgate.node(EventQueue())
-    router = node.router
-    assert isinstance(router, GatewayRouter)
+    return next(t for t in targets if t.name == SUBJECT)
+
+
+def recording(router: GatewayRouter) -> list[Completion]:
+    """The completions `router`'s policy learns from now on, in order."""
     observed: list[Completion] = []
     learn = router.policy.observe
 
-    def recording(completion: Completion) -> None:
+    def observe(completion: Completion) -> None:
         observed.append(completion)
         learn(completion)
 
-    router.policy.observe = recording  # type: ignore[method-assign]
+    router.policy.observe = observe  # type: ignore[method-assign]
+    return observed
+
+
+def test_the_policy_learns_the_completions_a_slot_driven_gateway_would_build() -> None:
+    levels = tuple(Level(concurrency=c) for c in (1, 2, 4, 8))
+    settings = SweepSettings(levels=levels, requests_per_level=RequestsPerLevel(3, True, 8), input_len=64, output_len=32)
+    specgate = specgate_of(settings)
+    node = specgate.node(EventQueue())
+    router = node.router
+    assert isinstance(router, GatewayRouter)
+    observed = recording(router)
     records: list[RequestRecord] = []
     warm = warm_up_plan(settings)
     assert warm is not None
@@ -91,3 +104,35 @@ def test_the_policy_learns_the_completions_a_slot_driven_gateway_would_build() -
             (theirs.ttft, theirs.decode_seconds, theirs.mean_inflight, theirs.mean_group_inflight), rel=1e-9, abs=1e-12)
     # Co-located groups: some responses decoded while their partner server had requests too.
     assert any(c.mean_group_inflight > c.mean_inflight for c in observed)
+
+
+def test_the_gateway_s_ttft_spans_the_hop_both_ways() -> None:
+    """The request path lies between the gateway and its servers: the TTFT its policy learns is the client's."""
+    settings = SweepSettings(levels=(Level(concurrency=1),), requests_per_level=RequestsPerLevel(4), input_len=64,
+                             output_len=32, warmup=0)
+    node = specgate_of(settings).node(EventQueue(), hop=0.003)
+    router = node.router
+    assert isinstance(router, GatewayRouter)
+    observed = recording(router)
+    (plan,) = settings.plans()
+    records = run_plan(node, plan).records  # one at a time: each completion is learned before the next is sent
+    assert all(r.ok for r in records) and len(observed) == len(records) == 4
+    assert [c.ttft for c in observed] == pytest.approx([r.ttft for r in records], rel=1e-9)
+
+
+def test_a_response_with_nothing_cached_teaches_the_prefix_estimate_nothing() -> None:
+    """As the exchange reads SGLang's usage: no `prompt_tokens_details` (nothing cached) is no count to learn
+    from, while a count it reports is one."""
+    backends = [BackendSpec("g0-eagle", True, "g0"), BackendSpec("g0-plain", False, "g0")]
+    router = GatewayRouter(ThresholdPolicy(100), backends, lambda: 0.0, inflight_limit=100, flex_share=0.5)
+    spec = RequestSpec("what is this " * 30, 90, 8, system="a system prompt " * 60)
+    first, nothing, half = (Request.of(rid, spec) for rid in ("first", "nothing", "half"))
+    assert router.route(first, 0.0) == 0  # EAGLE below the threshold: the map has its prefix there from now on
+    router.finish(first, 0.1, 8)
+    trust = router.prefix_estimate.trust
+    router.route(nothing, 0.2)
+    router.finish(nothing, 0.3, 8, cached_tokens=0)
+    assert trust[0] == 1.0
+    router.route(half, 0.4)
+    router.finish(half, 0.5, 8, cached_tokens=half.prompt_tokens // 2)
+    assert trust[0] < 1.0  # the map predicted the prompt held there: a reported count teaches
