@@ -142,9 +142,7 @@ class GatewayRouter:
             if flight.key is not None and flight.prompt is not None:  # the exchange's usage accounting
                 predicted = flight.prompt.cached.get(name, 0.0)
                 self.pool.record_prompt(name, request.prompt_tokens, cached_tokens, predicted)
-                # SGLang leaves `prompt_tokens_details` out when nothing was cached: the gateway reads no count then.
-                reported = cached_tokens or None
-                self.prefix_estimate.learn(slot.backend.index, flight.key.size, request.prompt_tokens, predicted, reported)
+                self.prefix_estimate.learn(slot.backend.index, flight.key.size, request.prompt_tokens, predicted, cached_tokens)
             window = slot.decode_window()
             if output_tokens >= 2 and window is not None and flight.first_token_at is not None:
                 self.policy.observe(

@@ -28,8 +28,9 @@ class InjectedDrop(Exception):
 
 
 def cached_details(cached_tokens: int, cache_report: bool) -> dict[str, int] | None:
-    """SGLang's `prompt_tokens_details`: only with `--enable-cache-report`, and only when something was cached."""
-    return {"cached_tokens": cached_tokens} if cache_report and cached_tokens > 0 else None
+    """SGLang's `prompt_tokens_details`: only with `--enable-cache-report`, and then always, 0 included
+    (`UsageProcessor.calculate_response_usage`)."""
+    return {"cached_tokens": cached_tokens} if cache_report else None
 
 
 def usage_of(req: SimRequest, num_draft_tokens: int | None, *, cache_report: bool) -> dict[str, Any]:

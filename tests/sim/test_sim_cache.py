@@ -47,6 +47,8 @@ def test_the_second_turn_of_a_chat_reports_the_first_turn_as_cached(plain: SimHa
     )
     usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
     details = usage.prompt_tokens_details
+    # With the cache report a cold prompt's count is there too, as 0 (SGLang's UsageProcessor).
+    assert first.usage.prompt_tokens_details is not None and first.usage.prompt_tokens_details.cached_tokens == 0
     # Turn 1's prompt and all of its answer but the last token, whose KV the model never wrote.
     assert details is not None and details.cached_tokens == first.usage.prompt_tokens + 20 - 1
     assert usage.prompt_tokens == first.usage.prompt_tokens + 20 + 4 + 4 + 3  # answer, two headers, "and the land"

@@ -120,19 +120,17 @@ def test_the_gateway_s_ttft_spans_the_hop_both_ways() -> None:
     assert [c.ttft for c in observed] == pytest.approx([r.ttft for r in records], rel=1e-9)
 
 
-def test_a_response_with_nothing_cached_teaches_the_prefix_estimate_nothing() -> None:
-    """As the exchange reads SGLang's usage: no `prompt_tokens_details` (nothing cached) is no count to learn
-    from, while a count it reports is one."""
+def test_a_response_with_nothing_cached_where_a_hold_was_predicted_lowers_the_trust() -> None:
+    """As the exchange reads SGLang's usage (`--enable-cache-report`: a count, 0 included): a prefix the map
+    predicted held but evicted whole teaches as a partial hit does."""
     backends = [BackendSpec("g0-eagle", True, "g0"), BackendSpec("g0-plain", False, "g0")]
     router = GatewayRouter(ThresholdPolicy(100), backends, lambda: 0.0, inflight_limit=100, flex_share=0.5)
     spec = RequestSpec("what is this " * 30, 90, 8, system="a system prompt " * 60)
-    first, nothing, half = (Request.of(rid, spec) for rid in ("first", "nothing", "half"))
+    first, evicted = (Request.of(rid, spec) for rid in ("first", "evicted"))
     assert router.route(first, 0.0) == 0  # EAGLE below the threshold: the map has its prefix there from now on
     router.finish(first, 0.1, 8)
     trust = router.prefix_estimate.trust
-    router.route(nothing, 0.2)
-    router.finish(nothing, 0.3, 8, cached_tokens=0)
     assert trust[0] == 1.0
-    router.route(half, 0.4)
-    router.finish(half, 0.5, 8, cached_tokens=half.prompt_tokens // 2)
-    assert trust[0] < 1.0  # the map predicted the prompt held there: a reported count teaches
+    router.route(evicted, 0.2)
+    router.finish(evicted, 0.3, 8, cached_tokens=0)
+    assert trust[0] < 1.0  # the map predicted the prompt held there, and the server reported none of it
