@@ -28,6 +28,8 @@ from backends.plan import LaunchPlan, ProcessSpec, build_plan
 from backends.process import Child
 from backends.supervisor import Supervisor, SupervisorError
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"time_scale": 0.05}
 

@@ -17,7 +17,7 @@ import pytest
 from backends.testbed import GatewayProcess, start_gateway
 from tests.gateway.chat_load import closed_loop
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 
 from backends.testbed import GatewayProcess, SimFactory, SimHandle, start_gateway
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 SIM_ARGS = ("--time-scale", "0.1", "--enable-test-endpoints", "--enable-metrics")
 SOON = 10.0  # seconds a polled condition may take on a busy machine

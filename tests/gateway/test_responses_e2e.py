@@ -15,7 +15,7 @@ from backends.testbed import SimFactory, start_gateway
 from gateway.pool.affinity import backend_tag
 from tests.reliability.stack import Stack, gateway_env, running_stack, until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 STORE = ("--enable-response-store",)
 THRESHOLD = {"policy": {"name": "threshold", "threshold": 2}}

@@ -14,7 +14,7 @@ from backends.testbed import SimFactory
 from tests.reliability.attack import SLOW_HEAD, closed, connection_counts, hold_open, slow_body
 from tests.reliability.stack import running_stack, until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TIMEOUT = 1.0
 WORKERS = 2  # on purpose: every worker's protocol bounds its clients, and the cap counts them together

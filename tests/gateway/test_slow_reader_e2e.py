@@ -20,7 +20,7 @@ import pytest
 from backends.testbed import start_gateway
 from tests.gateway.fake_backend import MODEL, FakeBackend, serving
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TOKENS = 1500
 TEXT = "x" * 32_768  # 48 MB in all: beyond every socket buffer between the backend and the client

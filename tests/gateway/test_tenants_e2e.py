@@ -19,7 +19,7 @@ from backends.testbed import GatewayProcess
 from tests.gateway.conftest import serving
 from tests.gateway.test_e2e_faults import eventually
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 BURST_LIMIT = 6  # requests per minute: one every 10 s refills, far longer than a burst takes
 TENANTS = [

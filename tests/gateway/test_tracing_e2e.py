@@ -21,7 +21,7 @@ from backends.testbed import GatewayProcess, SimFactory, SimHandle, start_gatewa
 from tests.gateway.otlp_receiver import OtlpReceiver, attributes
 from tests.gateway.test_e2e_faults import eventually
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SIM_ARGS = ("--enable-test-endpoints", "--enable-cache-report")
 TRACE_ID, CLIENT_SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"

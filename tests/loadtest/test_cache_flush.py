@@ -77,6 +77,7 @@ async def test_the_simulator_is_flushed_once_its_request_ends_and_then_serves_th
         assert await chat() == 0
 
 
+@pytest.mark.slow
 def test_in_the_single_comparison_specgate_meets_each_level_with_the_caches_cold(tmp_path: Path) -> None:
     # At C=1 the threshold policy sends specgate's every request to the EAGLE server that `eagle`
     # ran the level on just before: without the flush, specgate would find all its prompts cached.

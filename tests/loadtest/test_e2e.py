@@ -124,6 +124,7 @@ def _processes_mentioning(ports: list[int]) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_short_envelope_run_has_the_contract_shape_and_leaves_nothing_running(tmp_path: Path) -> None:
     out = tmp_path / "env"
     result = CliRunner().invoke(main, [
@@ -151,6 +152,7 @@ def test_short_envelope_run_has_the_contract_shape_and_leaves_nothing_running(tm
     assert _processes_mentioning(ports) == []
 
 
+@pytest.mark.slow
 def test_colocated_envelope_adds_the_adaptive_server_and_exits_nonzero_when_a_bound_fails(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [
         "envelope", "--compare", "single", "--profile", "field-8gpu", "--topology", "colocated", "--concurrency", "1",
@@ -168,6 +170,7 @@ def test_colocated_envelope_adds_the_adaptive_server_and_exits_nonzero_when_a_bo
     assert _processes_mentioning(ports) == []
 
 
+@pytest.mark.slow
 def test_same_hardware_envelope_runs_four_targets_on_two_groups_and_leaves_nothing_running(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [
         "envelope", "--profile", "llama8b-h100", "--groups", "2", "--gpus-per-group", "1", "--concurrency", "1,4",
@@ -208,6 +211,7 @@ def test_same_hardware_envelope_refuses_groups_whose_weights_do_not_fit_before_s
     assert "cannot hold both servers" in result.output and not (tmp_path / "logs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Path, sig: signal.Signals) -> None:
     argv = [sys.executable, "-m", "loadtest", "envelope", "--compare", "single", "--profile", "field-8gpu", "--concurrency", "2",
@@ -228,6 +232,7 @@ def test_envelope_interrupted_mid_sweep_stops_everything_it_started(tmp_path: Pa
             leftover.kill()
 
 
+@pytest.mark.slow
 def test_same_hardware_envelope_interrupted_mid_sweep_stops_the_target_it_runs(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "loadtest", "envelope", "--profile", "llama8b-h100", "--groups", "2",
             "--gpus-per-group", "1", "--concurrency", "2", "--requests-per-level", "10000", "--output-len", "64",

@@ -67,6 +67,7 @@ def check_the_smg_envelope(doc: dict[str, Any], out: Path) -> None:
     assert used & listening == set()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_baselines_behind_a_stand_in_smg(tmp_path: Path) -> None:
     standin = tmp_path / "smg"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from backends.testbed import running_sim
@@ -92,6 +93,7 @@ def test_shared_prefix_multi_turn_and_trace_sweeps(tmp_path: Path) -> None:
     assert "| trace x0.5 | sim |" in (tmp_path / "trace" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_envelope_runs_open_loop_levels_with_its_new_bounds(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [
         "envelope", "--compare", "single", "--profile", "field-8gpu", "--policy", "threshold", "--request-rate", "10,20",

@@ -15,6 +15,8 @@ import pytest
 from backends.sim.server import READY_MESSAGE as READY_LINE
 from backends.testbed import SimFactory
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
