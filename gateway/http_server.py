@@ -108,15 +108,18 @@ async def serve_http(
         await lifecycle.unless_stopped(asyncio.shield(serving))
     except Stopped:
         runtime.draining = True
-        drain = asyncio.create_task(runtime.pool.wait_idle(settings.server.drain_timeout))
+        # Every worker serves until the whole gateway is idle: one that stopped with its own requests
+        # done would reset the connections it had just accepted, where a draining worker answers 503.
+        drain = asyncio.create_task(runtime.pool.wait_gateway_idle(settings.server.drain_timeout))
         force = asyncio.create_task(lifecycle.force.wait())
         await asyncio.wait((drain, force), return_when=asyncio.FIRST_COMPLETED)
         force.cancel()
         if not drain.done() or not drain.result():
             drain.cancel()
-            log.warning("stopping with %d request(s) still in flight", runtime.pool.total_inflight)
-            runtime.interrupt_requests()
-            await runtime.pool.wait_idle(1.0)
+            if runtime.pool.own_inflight:
+                log.warning("stopping with %d request(s) still in flight", runtime.pool.own_inflight)
+                runtime.interrupt_requests()
+                await runtime.pool.wait_idle(1.0)
         server.should_exit = True
     await serving
 

@@ -31,6 +31,7 @@ OUTPUT_EWMA = 0.1  # weight of each finished response in a backend's mean output
 # A streaming response tells its slot's listener of its pace every this many token-bearing chunks: a
 # few steps, so the load barely moves within one, and a 64-token response reports more than once.
 PROGRESS_CHUNKS = 8
+_BOARD_POLL = 0.05  # seconds between reads of the other workers' in-flight counts while draining
 
 Clock = Callable[[], float]  # seconds, monotonic
 log = logging.getLogger("specgate.pool")
@@ -406,4 +407,17 @@ class Pool:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             return False
+        return True
+
+    async def wait_gateway_idle(self, timeout: float) -> bool:
+        """Wait until nothing is in flight in the whole gateway: this process's requests, then every
+        other worker's as the board counts them (polled); False if `timeout` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if not await self.wait_idle(timeout):
+            return False
+        while self.total_inflight > 0:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_BOARD_POLL)
         return True

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gateway.pool.backends import PROGRESS_CHUNKS, Backend, DecodeWindow, Health, Pool, Slot
-from gateway.pool.board import AREA, INFLIGHT, SINCE
+from gateway.pool.board import AREA, INFLIGHT, SINCE, LoadBoard
 
 
 def make_pool() -> Pool:
@@ -56,6 +56,29 @@ async def test_wait_idle() -> None:
     assert not await pool.wait_idle(0.01)
     asyncio.get_running_loop().call_soon(slot.release)
     assert await pool.wait_idle(5)
+
+
+async def test_wait_gateway_idle_waits_for_the_other_workers_requests() -> None:
+    owner = LoadBoard.create(2, 2)
+    views = [LoadBoard(owner.spec, w) for w in range(2)]
+    try:
+        idle, busy = (Pool([Backend("eagle", "http://e", True), Backend("plain", "http://p", False)], board=v) for v in views)
+        slot = busy.acquire("plain")
+        assert idle.own_inflight == 0 and idle.total_inflight == 1
+        # This worker's own requests are done; the other worker's are not.
+        assert await idle.wait_idle(0.01)
+        assert not await idle.wait_gateway_idle(0.2)
+        asyncio.get_running_loop().call_soon(slot.release)
+        assert await idle.wait_gateway_idle(5)
+        # And its own requests are waited for as before.
+        own = idle.acquire("eagle")
+        assert not await idle.wait_gateway_idle(0.05)
+        asyncio.get_running_loop().call_soon(own.release)
+        assert await idle.wait_gateway_idle(5)
+    finally:
+        for view in views:
+            view.close()
+        owner.close(unlink=True)
 
 
 def test_move_to_keeps_counts_exact_and_release_still_once() -> None:

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
 
 IN_FLIGHT = 32
 OUTPUT_TOKENS = 64  # ~3 s on the plain sim at 32 running requests, time scale 1
+REFUSING_FOR = 2.5  # seconds of new requests sent during a 10 s drain
 
 
 @asynccontextmanager
@@ -153,6 +154,38 @@ async def test_drain_is_bounded_by_the_drain_timeout(record_property: pytest.Rec
     assert not outcome.completed and outcome.ended_at - signalled_at < stopped_after + 1, outcome  # type: ignore[operator]
     assert outcome.clean_error and outcome.error["code"] == "shutting_down", outcome  # type: ignore[index]
     assert not survivors
+
+
+async def test_every_worker_answers_503_until_the_whole_gateway_is_idle() -> None:
+    """One stream in flight holds one worker; the other worker, with nothing of its own to drain, must
+    not stop: a connection the kernel hands it would be reset instead of refused."""
+    async with serving(drain_timeout=10.0, workers=2) as (gw, session, model):
+        workers = [p for p in map(psutil.Process, gw.descendants()) if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2, workers
+        url = gw.url + "/v1/chat/completions"
+        endless = asyncio.create_task(exchange(session, url, _body(model, 100_000)))
+        await until(lambda: _all_inflight(session, gw.url, 1), 20, "the long request in flight")
+
+        gw.proc.send_signal(signal.SIGTERM)
+        await until(lambda: _ready_is(session, gw.url, 503), 5, "/ready turns 503")
+        # New requests for a while, well inside the drain timeout, each on a connection of its own so the
+        # kernel spreads them over both workers.
+        refused = []
+        window_ends = time.monotonic() + REFUSING_FOR
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+            while time.monotonic() < window_ends or len(refused) < 10:
+                refused.append(await exchange(fresh, url, _body(model, 4), timeout=10))
+        still_serving = [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+        drained = endless.done()
+        code = await asyncio.to_thread(gw.proc.wait, 60)
+        outcome = await asyncio.wait_for(endless, 10)
+
+    assert all(o.status == 503 and o.error is not None and o.error["code"] == "shutting_down" for o in refused), [
+        o for o in refused if o.status != 503
+    ][:2]
+    assert not drained and len(still_serving) == 2, still_serving
+    assert code == 0, gw.text()[-2000:]
+    assert outcome.clean_error and outcome.error["code"] == "shutting_down", outcome  # type: ignore[index]
 
 
 async def _all_inflight(session: aiohttp.ClientSession, url: str, count: int = IN_FLIGHT) -> bool:
