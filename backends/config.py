@@ -77,6 +77,11 @@ class LaunchConfig(_Strict):
     plain_only_groups: int = Field(
         default=0, ge=0, description="the last N groups run a plain server alone (no EAGLE server, no memory split)"
     )
+    eagle_only_groups: int = Field(
+        default=0,
+        ge=0,
+        description="the N groups before the plain-only ones run an EAGLE server alone (no plain server, no memory split)",
+    )
 
     # Real SGLang servers.
     model_path: str | None = None
@@ -157,8 +162,9 @@ class LaunchConfig(_Strict):
             for key in ("groups", "group_size"):
                 if getattr(self, key) is not None:
                     raise ValueError(f'launch.{key} applies only with topology = "groups"')
-            if self.plain_only_groups:
-                raise ValueError('launch.plain_only_groups applies only with topology = "groups"')
+            for key in ("plain_only_groups", "eagle_only_groups"):
+                if getattr(self, key):
+                    raise ValueError(f'launch.{key} applies only with topology = "groups"')
             if self.gpus:
                 raise ValueError(
                     'launch.gpus applies only with topology = "groups"; give launch.eagle.gpus / launch.plain.gpus'
@@ -177,11 +183,21 @@ class LaunchConfig(_Strict):
                 raise ValueError(
                     f"launch.group_size = {self.group_size} does not divide the {len(self.gpus)} GPUs of launch.gpus"
                 )
-        if self.plain_only_groups >= len(self.group_gpus()):
-            # A node of plain servers only is plain data parallelism: nothing for the gateway to choose.
+        count = len(self.group_gpus())
+        # A node of one mode only is data parallelism: nothing for the gateway to choose.
+        if self.plain_only_groups >= count:
             raise ValueError(
                 f"launch.plain_only_groups = {self.plain_only_groups} leaves no co-located group of the "
-                f"{len(self.group_gpus())}; keep at least one group running EAGLE"
+                f"{count}; keep at least one group running EAGLE"
+            )
+        if self.eagle_only_groups + self.plain_only_groups > count:
+            raise ValueError(
+                f"launch.eagle_only_groups = {self.eagle_only_groups} and plain_only_groups = "
+                f"{self.plain_only_groups} are more than the {count} groups"
+            )
+        if self.eagle_only_groups == count:
+            raise ValueError(
+                f"launch.eagle_only_groups = {self.eagle_only_groups} leaves no group running plain of the {count}"
             )
         for role in ("eagle", "plain"):
             if getattr(self, role).gpus:

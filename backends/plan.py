@@ -153,7 +153,7 @@ def _sim_processes(launch: LaunchConfig, groups: tuple[ResolvedGroup, ...]) -> t
     # SimCommon's fields are the `[launch]` keys of the same names, plus the backend key.
     launch_keys = ("profile", "profile_file", "time_scale", "seed", "startup_delay", "served_model_name")
     common = SimCommon(**{key: getattr(launch, key) for key in launch_keys}, api_key=backend_api_key(launch))
-    if not any(g.colocated for g in groups):
+    if launch.topology != GROUPS and not any(g.colocated for g in groups):
         return tuple(
             ProcessSpec(
                 name=s.name,
@@ -165,17 +165,20 @@ def _sim_processes(launch: LaunchConfig, groups: tuple[ResolvedGroup, ...]) -> t
             for s in g.servers
         )
     # One process serves every group (CPU is what the simulator is short of, not GPUs).
-    eagles = [s for g in groups if g.colocated for s in g.servers if s.role == EAGLE]
-    plains = [s for g in groups if g.colocated for s in g.servers if s.role == PLAIN]
-    plain_only = [s for g in groups if not g.colocated for s in g.servers]
-    eagle, plain = eagles[0], plains[0]  # the templates' values, the same in every group
+    def servers(role: str, colocated: bool) -> list[ResolvedServer]:
+        return [s for g in groups if g.colocated == colocated for s in g.servers if s.role == role]
+
+    eagles, plains = servers(EAGLE, True), servers(PLAIN, True)
+    # The templates' values, the same in every group; the memory split only where two servers share.
+    eagle, plain = (eagles + servers(EAGLE, False))[0], (plains + servers(PLAIN, False))[0]
     placement = SimGroups(
         host=eagle.host,
         eagle_ports=tuple(s.port for s in eagles),
         plain_ports=tuple(s.port for s in plains),
-        plain_only_ports=tuple(s.port for s in plain_only),
-        eagle_mem_fraction=eagle.mem_share,
-        plain_mem_fraction=plain.mem_share,
+        eagle_only_ports=tuple(s.port for s in servers(EAGLE, False)),
+        plain_only_ports=tuple(s.port for s in servers(PLAIN, False)),
+        eagle_mem_fraction=eagles[0].mem_share if eagles else None,
+        plain_mem_fraction=plains[0].mem_share if plains else None,
         gpus_per_group=_sim_group_size(groups),
         eagle_max_running_requests=eagle.max_running_requests,
         plain_max_running_requests=plain.max_running_requests,

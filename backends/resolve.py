@@ -105,7 +105,7 @@ def resolve_groups(
     groups = []
     for index, (group, gpus, roles) in enumerate(_group_layout(launch)):
         servers = []
-        alone = launch.topology == GROUPS and len(roles) == 1  # a plain-only group: the server's own default memory
+        alone = launch.topology == GROUPS and len(roles) == 1  # a one-mode group: the server's own default memory
         for role in roles:
             cfg = launch.eagle if role == EAGLE else launch.plain
             own_gpus = tuple(cfg.gpus) or gpus  # a colocated server may name its own (the plan warns)
@@ -170,9 +170,9 @@ def _group_layout(launch: LaunchConfig) -> list[tuple[str, tuple[int, ...], tupl
     if launch.topology == GROUPS:
         gpu_sets = launch.group_gpus()
         first_plain_only = len(gpu_sets) - launch.plain_only_groups
-        return [
-            (f"g{i}", gpus, (EAGLE, PLAIN) if i < first_plain_only else (PLAIN,)) for i, gpus in enumerate(gpu_sets)
-        ]
+        first_eagle_only = first_plain_only - launch.eagle_only_groups
+        roles = [(EAGLE, PLAIN)] * first_eagle_only + [(EAGLE,)] * launch.eagle_only_groups + [(PLAIN,)] * launch.plain_only_groups
+        return [(f"g{i}", gpus, roles[i]) for i, gpus in enumerate(gpu_sets)]
     if launch.topology == COLOCATED:
         return [("g0", tuple(launch.eagle.gpus or launch.plain.gpus), (EAGLE, PLAIN))]
     return [(EAGLE, tuple(launch.eagle.gpus), (EAGLE,)), (PLAIN, tuple(launch.plain.gpus), (PLAIN,))]

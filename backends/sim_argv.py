@@ -42,12 +42,14 @@ class SimServer:
 @dataclass(frozen=True)
 class SimGroups:
     """K co-located groups in one process: group i serves EAGLE on eagle_ports[i], plain on plain_ports[i];
-    then one plain-only group per port of plain_only_ports (a plain server alone on its group's GPUs)."""
+    then one EAGLE-only group per port of eagle_only_ports and one plain-only group per port of
+    plain_only_ports (a server alone on its group's GPUs)."""
 
     host: str
     eagle_ports: tuple[int, ...]
     plain_ports: tuple[int, ...]
     plain_only_ports: tuple[int, ...] = ()
+    eagle_only_ports: tuple[int, ...] = ()
     eagle_mem_fraction: float | None = None  # each server's share of its group's GPU memory
     plain_mem_fraction: float | None = None
     gpus_per_group: int | None = None  # None: the profile's GPU count
@@ -77,13 +79,16 @@ def sim_argv(common: SimCommon, placement: SimServer | SimGroups, extra_args: tu
 def _placement(placement: SimServer | SimGroups) -> list[str]:
     if isinstance(placement, SimServer):
         return ["--role", placement.role, "--host", placement.host, "--port", str(placement.port)]
-    if len(placement.eagle_ports) != len(placement.plain_ports) or not placement.eagle_ports:
+    if len(placement.eagle_ports) != len(placement.plain_ports):
         raise ValueError(
             f"one EAGLE and one plain port per group, got {placement.eagle_ports} and {placement.plain_ports}"
         )
+    if not (placement.eagle_ports or placement.eagle_only_ports) or not (placement.plain_ports or placement.plain_only_ports):
+        raise ValueError("the groups must run an EAGLE and a plain server between them")
     out = ["--colocated", "--host", placement.host]
     out += [arg for port in placement.eagle_ports for arg in ("--eagle-port", str(port))]
     out += [arg for port in placement.plain_ports for arg in ("--plain-port", str(port))]
+    out += [arg for port in placement.eagle_only_ports for arg in ("--eagle-only-port", str(port))]
     out += [arg for port in placement.plain_only_ports for arg in ("--plain-only-port", str(port))]
     for flag, value in (
         ("--eagle-mem-fraction", placement.eagle_mem_fraction),

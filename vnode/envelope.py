@@ -139,6 +139,7 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
             "eagle_mem_fraction": spec.hardware.eagle_mem_fraction,
             "plain_mem_fraction": spec.hardware.plain_mem_fraction,
             "plain_only_groups": spec.hardware.plain_only_groups,
+            "eagle_only_groups": spec.hardware.eagle_only_groups,
             "eagle_dp_max_running_requests": fair.eagle_cap,
             "policy": spec.policy,
             "policy_params": dict(spec.policy_params),

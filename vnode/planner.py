@@ -2,7 +2,7 @@
 
 A candidate is K groups of G GPUs (G divides the node's GPUs), each co-located group's memory split
 (EAGLE's share of the KV room the two copies leave, `backends.resolve.memory_split`), and how many
-groups (the last ones) run a plain server alone. Each is the specgate target of the same-hardware
+groups (the last ones) run a plain server alone and how many (those before) an EAGLE server alone. Each is the specgate target of the same-hardware
 envelope (`vnode.targets`, from the launch plan of the generated config, so the launcher's own
 memory check refuses what cannot hold the model); the baselines (plain-dp, eagle-dp, adaptive-dp)
 run on every grouping that holds the model, and a candidate's ratios at a level are taken against
@@ -70,28 +70,30 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        """`8x1 kv0.5`, `4x2 kv0.5 +2 plain-only`: unique within a plan."""
+        """`8x1 kv0.5`, `4x2 kv0.5 +2 plain-only`, `8x1 +6 EAGLE-only +2 plain-only`: unique within a plan."""
         h = self.hardware
-        mix = f" +{h.plain_only_groups} plain-only" if h.plain_only_groups else ""
-        return f"{h.groups}x{h.gpus_per_group} kv{self.kv_share:g}{mix}"
+        split = f" kv{self.kv_share:g}" if h.colocated_groups else ""
+        mix = f" +{h.eagle_only_groups} EAGLE-only" if h.eagle_only_groups else ""
+        mix += f" +{h.plain_only_groups} plain-only" if h.plain_only_groups else ""
+        return f"{h.groups}x{h.gpus_per_group}{split}{mix}"
 
     def describe(self) -> str:
-        """The layout in words: groups, memory split, plain-only groups."""
+        """The layout in words: groups, memory split, one-mode groups."""
         h = self.hardware
-        colocated = h.groups - h.plain_only_groups
         split = (f"EAGLE's KV share {self.kv_share:g}: no room" if h.eagle_mem_fraction is None or h.plain_mem_fraction is None
                  else f"EAGLE {h.eagle_mem_fraction:g} / plain {h.plain_mem_fraction:g}")
-        text = f"{h} : {colocated} co-located ({split})"
-        return text + (f", {h.plain_only_groups} plain-only" if h.plain_only_groups else "")
+        parts = [f"{h.colocated_groups} co-located ({split})"] if h.colocated_groups else []
+        parts += [f"{n} {mode}-only" for n, mode in ((h.eagle_only_groups, "EAGLE"), (h.plain_only_groups, "plain")) if n]
+        return f"{h} : " + ", ".join(parts)
 
     def layout(self, predicted: Sequence[PredictedLevel]) -> PlannedLayout:
-        """The `--json` object of this layout with its predictions."""
+        """The `--json` object of this layout with its predictions (no memory split without a co-located group)."""
         h = self.hardware
-        assert h.eagle_mem_fraction is not None and h.plain_mem_fraction is not None, "candidates resolve their shares"
+        assert not h.colocated_groups or None not in (h.eagle_mem_fraction, h.plain_mem_fraction), "candidates resolve their shares"
         return PlannedLayout(topology="colocated" if h.groups == 1 else "groups", groups=h.groups,
                              gpus_per_group=h.gpus_per_group, eagle_mem_fraction=h.eagle_mem_fraction,
                              plain_mem_fraction=h.plain_mem_fraction, plain_only_groups=h.plain_only_groups,
-                             predicted=list(predicted))
+                             eagle_only_groups=h.eagle_only_groups, predicted=list(predicted))
 
 
 @dataclass(frozen=True)
@@ -167,13 +169,14 @@ def candidates(profile: Profile, gpus: int, kv_shares: Sequence[float]) -> list[
     """Every candidate layout of `gpus` GPUs and why it is refused before any sweep (None: not refused).
 
     Groupings are G GPUs per group for each G dividing `gpus`; for each, every KV split, and with two
-    or more groups half of them plain-only at the default split (the first of `kv_shares`).
+    or more groups: half of them plain-only at the default split (the first of `kv_shares`), and no
+    co-located group at all, half the groups or three quarters (at least one plain) EAGLE-only and
+    the rest plain-only (each server on whole GPUs, so no second copy of the weights to hold).
     """
     out: list[tuple[Candidate, str | None]] = []
     for size in (g for g in range(1, gpus + 1) if gpus % g == 0):
         groups = gpus // size
-        mixes = [(share, 0) for share in kv_shares] + ([(kv_shares[0], groups // 2)] if groups > 1 else [])
-        for share, plain_only in mixes:
+        for share, plain_only in [(share, 0) for share in kv_shares] + ([(kv_shares[0], groups // 2)] if groups > 1 else []):
             split = memory_split(profile.memory, size, eagle_kv_share=share)
             if split is None:
                 hardware = Hardware(groups, size, plain_only_groups=plain_only)
@@ -181,6 +184,10 @@ def candidates(profile: Profile, gpus: int, kv_shares: Sequence[float]) -> list[
                 continue
             hardware = Hardware(groups, size, split["eagle"], split["plain"], plain_only)
             out.append((Candidate(hardware, share), None))
+        if groups > 1:
+            for eagle_only in sorted({groups // 2, groups - max(1, groups // 4)}):
+                hardware = Hardware(groups, size, plain_only_groups=groups - eagle_only, eagle_only_groups=eagle_only)
+                out.append((Candidate(hardware, kv_shares[0]), None))
     return out
 
 
@@ -278,8 +285,9 @@ def plan(spec: PlanSpec, jobs: int = 1, on_sweep: Callable[[int, int], None] | N
         reasons = "; ".join(sorted({f"{o.candidate.hardware}: {o.refused}" for o in checked}))
         raise Unplannable(f"no layout of {spec.gpus} GPUs holds the model: {reasons}")
     check_rates(spec, profile, feasible)
-    groupings = sorted({(c.hardware.groups, c.hardware.gpus_per_group) for c in feasible}, reverse=True)
-    work = [_Job(spec, Hardware(k, g), name) for k, g in groupings for name in BASELINES]
+    # The baselines of each grouping, swept beside one of its feasible layouts (the harness plans specgate's too).
+    groupings = {(c.hardware.groups, c.hardware.gpus_per_group): c.hardware for c in reversed(feasible)}
+    work = [_Job(spec, groupings[key], name) for key in sorted(groupings, reverse=True) for name in BASELINES]
     work += [_Job(spec, c.hardware, SUBJECT) for c in feasible]
     results = _run(work, jobs, on_sweep)
     baselines = {f"{job.target} {job.hardware.groups}x{job.hardware.gpus_per_group}": stats
@@ -323,7 +331,8 @@ def _judged(outcome: Outcome, settings: SweepSettings, mine: Sequence[LevelStats
     for index, (level, stats) in enumerate(zip(settings.levels, mine, strict=True)):
         targets = {SUBJECT: TargetResult(stats, _NO_MONITOR)}
         targets |= {name: TargetResult(levels[index], _NO_MONITOR) for name, levels in baselines.items()}
-        result = LevelResult(level.concurrency, level.request_rate, stats.completed + stats.failed, targets)
+        result = LevelResult(level.concurrency, level.request_rate, stats.completed + stats.failed, targets,
+                             trace_time_scale=level.trace_time_scale, rate_step=level.rate_step)
         ratios = level_ratios(result, Comparison(SUBJECT, comparison_names, CARRYING_WITHIN, "same-hardware"))
         best = max(comparison_names, key=lambda n: targets[n].stats.output_tok_s)
         predicted.append(PredictedLevel(

@@ -85,6 +85,12 @@ def _option_error(err: ErrorDetails) -> str:
     "--plain-port", type=click.IntRange(0, 65535), multiple=True, help="plain port with --colocated; one per group"
 )
 @click.option(
+    "--eagle-only-port",
+    type=click.IntRange(0, 65535),
+    multiple=True,
+    help="with --colocated: an EAGLE server alone on a group of its own (an EAGLE-only group); one per group",
+)
+@click.option(
     "--plain-only-port",
     type=click.IntRange(0, 65535),
     multiple=True,
@@ -191,7 +197,7 @@ def _settings(options: dict[str, Any]) -> SimSettings:
             f"at start a fault is one of {', '.join(STARTUP_FAULT_KINDS)}", param_hint="--test-fault"
         )
     options["extra_metric_labels"] = _labels(options["extra_metric_labels"])
-    for flag in ("port", "eagle_port", "plain_port", "plain_only_port"):
+    for flag in ("port", "eagle_port", "plain_port", "eagle_only_port", "plain_only_port"):
         options[flag] = list(options[flag])
     try:
         return SimSettings(**options)

@@ -29,6 +29,7 @@ class SimSettings(BaseModel):
     colocated: bool = False
     eagle_port: list[Port] = Field(default_factory=list, description="one per co-located group")
     plain_port: list[Port] = Field(default_factory=list, description="one per co-located group")
+    eagle_only_port: list[Port] = Field(default_factory=list, description="one per EAGLE-only group (with colocated)")
     plain_only_port: list[Port] = Field(default_factory=list, description="one per plain-only group (with colocated)")
     eagle_mem_fraction: MemShare | None = None
     plain_mem_fraction: MemShare | None = None
@@ -77,8 +78,11 @@ class SimSettings(BaseModel):
         if self.colocated:
             if self.role is not None or self.port:
                 raise ValueError("--colocated runs both roles: give --eagle-port and --plain-port, not --role/--port")
-            if not self.eagle_port or not self.plain_port:
-                raise ValueError("--colocated needs --eagle-port and --plain-port")
+            if not (self.eagle_port or self.eagle_only_port) or not (self.plain_port or self.plain_only_port):
+                raise ValueError(
+                    "--colocated needs an EAGLE and a plain server: --eagle-port and --plain-port (a co-located "
+                    "group), or --eagle-only-port and --plain-only-port"
+                )
             if len(self.eagle_port) != len(self.plain_port):
                 raise ValueError(
                     f"--colocated serves one eagle and one plain port per group: got {len(self.eagle_port)} "
@@ -89,13 +93,15 @@ class SimSettings(BaseModel):
         else:
             if self.role is None or not self.port:
                 raise ValueError("give --role and --port (or --colocated with --eagle-port and --plain-port)")
-            if self.eagle_port or self.plain_port or self.plain_only_port:
-                raise ValueError("--eagle-port/--plain-port/--plain-only-port only apply with --colocated")
+            if self.eagle_port or self.plain_port or self.eagle_only_port or self.plain_only_port:
+                raise ValueError(
+                    "--eagle-port/--plain-port/--eagle-only-port/--plain-only-port only apply with --colocated"
+                )
             if self.eagle_max_running_requests is not None or self.plain_max_running_requests is not None:
                 raise ValueError("--eagle/--plain-max-running-requests only apply with --colocated")
             if self.eagle_mem_fraction is not None or self.plain_mem_fraction is not None:
                 raise ValueError("--eagle/--plain-mem-fraction only apply with --colocated")
-        counts = Counter(self.port + self.eagle_port + self.plain_port + self.plain_only_port)
+        counts = Counter(self.port + self.eagle_port + self.plain_port + self.eagle_only_port + self.plain_only_port)
         repeated = sorted(port for port, n in counts.items() if port and n > 1)
         if repeated:
             raise ValueError(f"port {repeated[0]} is given more than once")
@@ -109,13 +115,15 @@ class SimSettings(BaseModel):
     def groups(self) -> list[list[tuple[Role, int]]]:
         """The (role, port) pairs this process serves, by group: servers of one group share its GPUs.
 
-        With `colocated`, the pairs' groups come first, then each plain-only group's one server.
+        With `colocated`, the pairs' groups come first, then each EAGLE-only group's one server, then each
+        plain-only group's.
         """
         if self.colocated:
             pairs: list[list[tuple[Role, int]]] = [
                 [("eagle", e), ("plain", p)] for e, p in zip(self.eagle_port, self.plain_port, strict=True)
             ]
-            return pairs + [[("plain", p)] for p in self.plain_only_port]
+            alone: list[list[tuple[Role, int]]] = [[("eagle", p)] for p in self.eagle_only_port]
+            return pairs + alone + [[("plain", p)] for p in self.plain_only_port]
         assert self.role is not None
         return [[(self.role, port)] for port in self.port]
 

@@ -49,18 +49,24 @@ Ready = Callable[[], Awaitable[None]]
 @dataclass(frozen=True)
 class Hardware:
     """K groups of G GPUs each: what every target runs on; specgate's memory shares (None: the launcher's) and how
-    many of its groups (the last ones) run a plain server alone."""
+    many of its groups (the last ones) run a plain server alone, and how many (those before) an EAGLE server alone."""
 
     groups: int
     gpus_per_group: int
     eagle_mem_fraction: float | None = None
     plain_mem_fraction: float | None = None
     plain_only_groups: int = 0
+    eagle_only_groups: int = 0
+
+    @property
+    def colocated_groups(self) -> int:
+        """Groups running an EAGLE and a plain server side by side."""
+        return self.groups - self.plain_only_groups - self.eagle_only_groups
 
     @property
     def servers(self) -> int:
-        """specgate's servers: two per co-located group, one per plain-only group."""
-        return 2 * self.groups - self.plain_only_groups
+        """specgate's servers: two per co-located group, one per one-mode group."""
+        return self.groups + self.colocated_groups
 
     def gpu_sets(self) -> list[list[int]]:
         """Each group's GPU ids: [[0..G-1], [G..2G-1], ...]."""
@@ -89,6 +95,8 @@ def specgate_config(stack: StackSettings, hardware: Hardware, port: int) -> dict
         launch |= {"topology": "groups", "groups": gpus, "eagle": eagle, "plain": plain}
         if hardware.plain_only_groups:
             launch["plain_only_groups"] = hardware.plain_only_groups
+        if hardware.eagle_only_groups:
+            launch["eagle_only_groups"] = hardware.eagle_only_groups
     if stack.profile_file is not None:
         launch["profile_file"] = str(stack.profile_file)
     if stack.profile is not None:
@@ -180,10 +188,11 @@ class FairEnvelope:
 
     def describe(self) -> str:
         """The report's sentences on what the targets are (with SMG's version and policy settings where it ran)."""
-        k = self.hardware.groups
-        plain_only = self.hardware.plain_only_groups
+        h = self.hardware
+        k = h.groups
+        alone = [f"{n} {mode}-only" for n, mode in ((h.eagle_only_groups, "EAGLE-3"), (h.plain_only_groups, "plain")) if n]
         groups, servers = ("1 co-located EAGLE-3 + plain group", "1 server") if k == 1 else (
-            f"{k - plain_only} co-located EAGLE-3 + plain groups" + (f" and {plain_only} plain-only" if plain_only else ""),
+            f"{h.colocated_groups} co-located EAGLE-3 + plain groups" + (f" and {' and '.join(alone)}" if alone else ""),
             f"{k} servers")
         text = (
             f"Same hardware, {self.hardware} each way: `specgate` runs {groups} behind the gateway; `plain-dp`, "
@@ -269,6 +278,7 @@ class FairEnvelope:
             "eagle_mem_fraction": self.hardware.eagle_mem_fraction,
             "plain_mem_fraction": self.hardware.plain_mem_fraction,
             "plain_only_groups": self.hardware.plain_only_groups,
+            "eagle_only_groups": self.hardware.eagle_only_groups,
             "eagle_dp_max_running_requests": self.eagle_cap,
             "baseline_routers": list(self.routers),
             "config": self.config,

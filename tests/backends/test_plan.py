@@ -798,6 +798,64 @@ def test_plain_only_groups_leave_a_co_located_group(values: dict[str, object], m
         groups_launch(**values)
 
 
+# --- EAGLE-only groups ------------------------------------------------------------------------
+
+
+def test_eagle_only_groups_run_an_eagle_server_alone_between_the_co_located_and_the_plain_only_ones() -> None:
+    plan = build_plan(groups_launch(gpus=[0, 1, 2, 3], group_size=1, eagle_only_groups=2, plain_only_groups=1), eagle_cap=16)
+    assert [p.name for p in plan.processes] == ["g0-eagle", "g0-plain", "g1-eagle", "g2-eagle", "g3-plain"]
+    assert [(e.backend, e.group, e.speculative) for e in plan.endpoints][2:] == [
+        ("g1-eagle", "g1", True), ("g2-eagle", "g2", True), ("g3-plain", "g3", False),
+    ]  # fmt: skip
+    g0_eagle, g1_eagle = plan.processes[0], plan.processes[2]
+    assert _flag(g0_eagle.argv, "--mem-fraction-static") is not None  # co-located: its share of the split
+    assert "--mem-fraction-static" not in g1_eagle.argv  # alone on its GPUs: SGLang's own default
+    assert _flag(g1_eagle.argv, "--speculative-algorithm") == "EAGLE3"
+    assert _flag(g1_eagle.argv, "--max-running-requests") == _flag(g0_eagle.argv, "--max-running-requests") == "20"
+    assert g1_eagle.start_after is None and g1_eagle.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert plan.warnings == ()
+
+
+def test_a_node_of_eagle_only_and_plain_only_groups_needs_no_memory_split() -> None:
+    plan = build_plan(groups_launch(groups=[[0, 1], [2, 3]], eagle_only_groups=1, plain_only_groups=1), eagle_cap=16)
+    assert [(p.name, p.env["CUDA_VISIBLE_DEVICES"]) for p in plan.processes] == [("g0-eagle", "0,1"), ("g1-plain", "2,3")]
+    assert all("--mem-fraction-static" not in p.argv for p in plan.processes)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"groups": [[0], [1]], "eagle_only_groups": 2}, "eagle_only_groups = 2 leaves no group running plain of the 2"),
+        ({"groups": [[0], [1], [2]], "eagle_only_groups": 2, "plain_only_groups": 2},
+         "eagle_only_groups = 2 and plain_only_groups = 2 are more than the 3 groups"),
+        ({"topology": "colocated", "eagle_only_groups": 1}, 'eagle_only_groups applies only with topology = "groups"'),
+    ],
+)
+def test_eagle_only_groups_leave_a_plain_server(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        groups_launch(**values)
+
+
+def test_sim_serves_eagle_only_groups_from_the_same_process_on_the_profiles_own_share() -> None:
+    config = LaunchConfig(topology="groups", gpus=[0, 1, 2, 3], group_size=1, eagle_only_groups=2, plain_only_groups=1,
+                          profile="llama8b-h100")
+    (process,) = build_plan(config, eagle_cap=2, free_port=ports(44000)).processes
+    assert process.argv.count("--eagle-only-port") == 2 and _flag(process.argv, "--plain-only-port") == "44004"
+    assert [(e.backend, e.speculative) for e in process.endpoints] == [
+        ("g0-eagle", True), ("g0-plain", False), ("g1-eagle", True), ("g2-eagle", True), ("g3-plain", False),
+    ]  # fmt: skip
+    slots = plan_layout(read_settings(process.argv[3:]), load_profile("llama8b-h100"))
+    assert [(s.role, s.group, s.mem_share) for s in slots] == [
+        ("eagle", 0, 0.405), ("plain", 0, 0.394), ("eagle", 1, 0.88), ("eagle", 2, 0.88), ("plain", 3, 0.88),
+    ]  # fmt: skip
+    assert slots[2].max_total_tokens == 385000  # alone on its GPU: the profile's own EAGLE server
+    # No co-located group at all: still one process, no memory split given.
+    config = config.model_copy(update={"eagle_only_groups": 3})
+    (process,) = build_plan(config, eagle_cap=2, free_port=ports(45000)).processes
+    assert "--eagle-mem-fraction" not in process.argv and "--eagle-port" not in process.argv
+    assert [s.mem_share for s in plan_layout(read_settings(process.argv[3:]), load_profile("llama8b-h100"))] == [0.88] * 4
+
+
 def test_sim_serves_plain_only_groups_from_the_same_process_on_the_profiles_own_share() -> None:
     config = LaunchConfig(topology="groups", gpus=[0, 1, 2], group_size=1, plain_only_groups=1, profile="llama8b-h100")
     (process,) = build_plan(config, eagle_cap=2, free_port=ports(44000)).processes

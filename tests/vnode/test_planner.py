@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from backends.plan import build_plan
 from backends.sim.profiles import load_profile
-from gateway.config import load_settings
+from gateway.config import Settings, load_settings
 from loadtest.cli import main as loadtest_main
 from loadtest.envelope.fair import Hardware, specgate_config
 from loadtest.envelope.harness import StackSettings
@@ -20,8 +20,8 @@ from specgate.cli import main
 from vnode.planner import candidates
 
 LAYOUT_KEYS = {"topology", "groups", "gpus_per_group", "eagle_mem_fraction", "plain_mem_fraction", "plain_only_groups",
-               "predicted"}
-# Small but real: 2 GPUs of llama8b-h100 (5 candidates, 2 groupings' baselines), two levels of short requests.
+               "eagle_only_groups", "predicted"}
+# Small but real: 2 GPUs of llama8b-h100 (6 candidates, 2 groupings' baselines), two levels of short requests.
 SMALL = ("--profile", "llama8b-h100", "--gpus", "2", "--input-len", "64", "--output-len", "16", "--concurrency", "1,8",
          "--requests-per-level", "1x", "--min-requests-per-level", "4", "--warmup", "0", "--jobs", "1")
 
@@ -54,7 +54,7 @@ def test_the_table_ranks_every_candidate_and_write_config_is_a_serve_config_of_t
     assert code == 0, output
     assert "Layouts, best first" in output and "predicted per level" in output
     assert "eagle 0.405: 32.4 GB" in output and "plain-only 0.88" in output  # each server's memory
-    assert "5 candidate layouts (0 refused), 11 sweeps in" in output
+    assert "6 candidate layouts (0 refused), 12 sweeps in" in output
     settings = load_settings(config)
     plan = build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
     assert [(e.backend, e.group) for e in plan.endpoints] == [
@@ -72,9 +72,38 @@ def test_a_layout_that_cannot_hold_the_model_is_refused_with_the_reason() -> Non
                             "--input-len", "16", "--output-len", "8", "--warmup", "0", "--jobs", "1")
     assert code == 0, output
     assert output.count("refused: two copies of the weights") == 6  # 8 x 1 and 4 x 2, each split and mix
-    assert "11 candidate layouts (6 refused)" in output
+    assert "16 candidate layouts (8 refused)" in output  # and 8 x 1 one-mode: one GPU holds no copy
     code, output = plan_cli("--profile", "field-8gpu", "--gpus", "2", "--concurrency", "1")
     assert code == 2 and "no layout of 2 GPUs holds the model" in output and "do not fit in 0.8 of 1 x 180 GB" in output
+
+
+def test_one_mode_layouts_are_candidates_and_need_no_second_copy_of_the_weights() -> None:
+    llama = {c.name: (c, why) for c, why in candidates(load_profile("llama8b-h100"), 8, (0.5,))}
+    assert {"8x1 +4 EAGLE-only +4 plain-only", "8x1 +6 EAGLE-only +2 plain-only", "4x2 +2 EAGLE-only +2 plain-only",
+            "4x2 +3 EAGLE-only +1 plain-only", "2x4 +1 EAGLE-only +1 plain-only"} <= set(llama)
+    mixed, why = llama["8x1 +6 EAGLE-only +2 plain-only"]
+    assert why is None and mixed.hardware == Hardware(8, 1, plain_only_groups=2, eagle_only_groups=6)
+    assert mixed.describe() == "8 x 1 GPU : 6 EAGLE-only, 2 plain-only"
+    # field-8gpu's weights fit two GPUs once, not twice: the one-mode 4 x 2 layouts are left to the sweep.
+    field = {c.name: why for c, why in candidates(load_profile("field-8gpu"), 8, (0.5,))}
+    assert field["4x2 kv0.5"] is not None and field["4x2 +2 EAGLE-only +2 plain-only"] is None
+    layout = PlannedLayout(topology="groups", groups=4, gpus_per_group=2, eagle_mem_fraction=None, plain_mem_fraction=None,
+                           plain_only_groups=1, eagle_only_groups=3, predicted=[])
+    assert layout.hardware() == Hardware(4, 2, None, None, 1, 3)
+    launch = specgate_config(StackSettings("field-8gpu", None, "groups", "adaptive"), layout.hardware(), 8000)["launch"]
+    assert (launch["eagle_only_groups"], launch["plain_only_groups"], launch["eagle"], launch["plain"]) == (3, 1, {}, {})
+    (process,) = build_plan(Settings.model_validate({"launch": launch}).launch, eagle_cap=16, free_port=lambda: 0).processes
+    assert process.argv.count("--eagle-only-port") == 3 and "--eagle-mem-fraction" not in process.argv
+
+
+def test_a_trace_plans_per_time_scale(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 300, "output_length": 8,
+                                         "hash_ids": [i % 2]}) + "\n" for i in range(6)))
+    layout = json.loads((lambda o: o[o.index("{"):o.rindex("}") + 1])(plan_cli(
+        "--profile", "llama8b-h100", "--gpus", "2", "--dataset", "trace", "--trace", str(trace),
+        "--trace-time-scale", "2,0.5", "--warmup", "0", "--jobs", "1", "--json")[1]))
+    assert [p["level"] for p in layout["predicted"]] == ["trace x2", "trace x0.5"]
 
 
 def test_an_unreadable_trace_and_an_impossible_rate_are_usage_errors(tmp_path: Path) -> None:
