@@ -1,5 +1,6 @@
 """End to end: `specgate serve` launching two simulated GPU groups (`topology = "groups"`), each a
-co-located EAGLE-3 + plain pair served by one simulator process, with the adaptive policy.
+co-located EAGLE-3 + plain pair served by one simulator process, with the adaptive policy; and a
+co-located group beside an EAGLE-only and a plain-only one.
 
 Driven with the real `openai` client in closed loops at a few concurrencies: both groups must carry
 traffic, every response names a g0-/g1- backend, /admin/status and /metrics show the groups and the
@@ -96,3 +97,43 @@ async def test_two_groups_share_the_traffic_and_report_it(gateway: GatewayProces
     assert re.search(r'^specgate_backend_group_info{backend="g1-eagle",group="g1",speculative="true"} 1\.0$', metrics, re.MULTILINE)
     for backend in BACKENDS:
         assert re.search(rf'^specgate_inflight_requests{{backend="{backend}"}} 0\.0$', metrics, re.MULTILINE)
+
+
+ONE_MODE_CONFIG = """
+[server]
+workers = 1
+
+[launch]
+engine = "sim"
+profile = "llama8b-h100"
+topology = "groups"
+groups = [[0], [1], [2]]
+eagle_only_groups = 1
+plain_only_groups = 1
+time_scale = 0.2
+"""
+
+
+@pytest.mark.slow
+async def test_eagle_only_and_plain_only_groups_beside_a_co_located_one(tmp_path: Path) -> None:
+    config = tmp_path / "one-mode.toml"
+    config.write_text(ONE_MODE_CONFIG)
+    gw = start_gateway(config=config)
+    try:
+        served: Counter[str] = Counter()
+        for concurrency, requests in ((1, 6), (8, 48)):
+            served += await closed_loop(gw, concurrency, requests, max_tokens=48)
+        assert set(served) <= {"g0-eagle", "g0-plain", "g1-eagle", "g2-plain"}, served
+        assert served["g1-eagle"] >= 5, served  # the EAGLE server alone on its GPU carries light load too
+        plain = await closed_loop(gw, 2, 6, headers={"x-specgate-route": "plain"}, max_tokens=16)
+        assert set(plain) <= {"g0-plain", "g2-plain"} and sum(plain.values()) == 6, plain
+        eagle = await closed_loop(gw, 2, 6, headers={"x-specgate-route": "eagle"}, max_tokens=16)
+        assert set(eagle) <= {"g0-eagle", "g1-eagle"} and sum(eagle.values()) == 6, eagle
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            status = (await http.get("/admin/status")).json()
+        assert {name: g["backends"] for name, g in status["groups"].items()} == {
+            "g0": ["g0-eagle", "g0-plain"], "g1": ["g1-eagle"], "g2": ["g2-plain"],
+        }  # fmt: skip
+        assert status["inflight"] == 0 and all(b["inflight"] == 0 for b in status["backends"])
+    finally:
+        gw.stop()

@@ -117,12 +117,14 @@ def test_overrides_reach_the_reports(sims: SimFactory, tmp_path: Path) -> None:
     [
         (["--role", "eagle"], "give --role and --port"),
         (["--colocated", "--role", "eagle", "--eagle-port", "0", "--plain-port", "0"], "--colocated runs both roles"),
-        (["--colocated", "--eagle-port", "0"], "--colocated needs --eagle-port and --plain-port"),
+        (["--colocated", "--eagle-port", "0"], "--colocated needs an EAGLE and a plain server"),
         (
             ["--colocated", "--eagle-port", "0", "--eagle-port", "0", "--plain-port", "0"],
             "got 2 --eagle-port and 1 --plain-port",
         ),
         (["--role", "plain", "--port", "0", "--plain-mem-fraction", "0.4"], "only apply with --colocated"),
+        (["--role", "eagle", "--port", "0", "--eagle-only-port", "0"], "only apply with --colocated"),
+        (["--colocated", "--eagle-only-port", "0"], "--colocated needs an EAGLE and a plain server"),
         (["--colocated", "--eagle-port", "0", "--plain-port", "0", "--eagle-mem-fraction", "1"], "--eagle-mem-fraction"),
         (
             ["--colocated", "--eagle-port", "0", "--plain-port", "0", "--max-running-requests", "4"],
