@@ -44,13 +44,14 @@ def _model_tpot(batch: int) -> float:
 def test_sweep_against_a_simulator_reports_every_request_and_the_models_shape(tmp_path: Path) -> None:
     doc, url = _plain_sweep(tmp_path)
     one, four = doc["levels"]
-    for level, batch in ((one, 1), (four, 4)):
+    for level in (one, four):
         t = level["targets"]["plain"]
         assert t["completed"] == level["requests"] and t["failed"] == 0
         assert t["total_output_tokens"] == 24 * level["requests"]  # ignore_eos + max_tokens: exact
         assert t["total_input_tokens"] > 32 * level["requests"]  # 32 words + the chat template
-        # A step is never early, so the model's TPOT is a floor (how close it comes: the simtiming test).
-        assert t["tpot_p50_ms"] >= 0.95 * _model_tpot(batch)
+        # A step is never early, so the model's step at batch 1 is a floor; a closed loop's batch dips below C
+        # while replacements are prefilled, the more so on a loaded machine (how close it comes: the simtiming test).
+        assert t["tpot_p50_ms"] >= 0.95 * _model_tpot(1)
         assert t["backend_share"] is None
         slip = t["monitor"]["sim_slip"][url]
         assert slip is not None and slip["steps"] > 0
