@@ -99,6 +99,15 @@ class LaunchConfig(_Strict):
     gpu_memory_gb: float | None = Field(default=None, gt=0.0, description="memory of each GPU, GB")
     target_weights_gb: float | None = Field(default=None, gt=0.0, description="the served model's weights, whole, GB")
     draft_weights_gb: float | None = Field(default=None, ge=0.0, description="the EAGLE-3 draft's weights, GB")
+    # With the sizes, these keep a co-located plain server's KV room at or above the longest request.
+    kv_bytes_per_token: float | None = Field(
+        default=None, gt=0.0, description="the plain server's KV bytes per token (SGLang logs K + V size and #tokens)"
+    )
+    longest_request_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="prompt + output tokens of the longest request the node serves (the simulator: its context length)",
+    )
 
     # Simulated servers.
     profile: str = "field-8gpu"
@@ -209,13 +218,19 @@ class LaunchConfig(_Strict):
 
     @model_validator(mode="after")
     def _memory_keys(self) -> LaunchConfig:
-        given = {k: getattr(self, k) is not None for k in ("gpu_memory_gb", "target_weights_gb", "draft_weights_gb")}
+        keys = ("gpu_memory_gb", "target_weights_gb", "draft_weights_gb", "kv_bytes_per_token")
+        given = {k: getattr(self, k) is not None for k in keys}
+        if self.engine == "sglang" and (self.longest_request_tokens is None) != (self.kv_bytes_per_token is None):
+            raise ValueError(
+                "launch.longest_request_tokens and kv_bytes_per_token go together: the KV room of the longest "
+                "request is its tokens times the bytes each takes"
+            )
         if not any(given.values()):
             return self
         if self.engine == "sim":
             raise ValueError(
-                "launch.gpu_memory_gb, target_weights_gb and draft_weights_gb apply to engine = \"sglang\"; "
-                "the simulator takes them from its profile"
+                "launch.gpu_memory_gb, target_weights_gb, draft_weights_gb and kv_bytes_per_token apply to "
+                'engine = "sglang"; the simulator takes them from its profile'
             )
         missing = [k for k in ("gpu_memory_gb", "target_weights_gb") if not given[k]]
         if missing:

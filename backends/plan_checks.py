@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from backends.config import LaunchConfig
-from backends.resolve import COLOCATED, EAGLE, GROUPS, PLAIN, ResolvedServer, shares_gpus
+from backends.memory import kv_budget_gb
+from backends.plan_memory import launch_memory
+from backends.resolve import COLOCATED, EAGLE, GROUPS, PLAIN, ResolvedServer, longest_request_kv_gb, shares_gpus
 from backends.sglang_args import (
     DEPRECATED_FLAGS,
     PARALLEL_FLAGS,
@@ -35,7 +37,7 @@ Servers = tuple[ResolvedServer, ...]
 
 def check_launch(launch: LaunchConfig, servers: Servers, *, eagle_cap: int) -> list[str]:
     """Every warning for this launch configuration, most important first."""
-    checks: list[Callable[[LaunchConfig, Servers, int], Iterator[str]]] = [_ports]
+    checks: list[Callable[[LaunchConfig, Servers, int], Iterator[str]]] = [_longest_request, _ports]
     if launch.engine == "sglang":
         checks = [_model, _speculative, _gpus, _parallel, _memory, _eagle_limits, _extra_args, *checks]
     return list(dict.fromkeys(w for check in checks for w in check(launch, servers, eagle_cap)))
@@ -125,6 +127,29 @@ def _memory(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[
             f"colocated mem_fraction_static shares add up to {eagle + plain:.2f} "
             f"(eagle {eagle}, plain {plain}): over {COLOCATED_MEM_WARN} leaves the two servers too "
             "little memory for activations and CUDA graphs"
+        )
+
+
+def _longest_request(launch: LaunchConfig, servers: Servers, eagle_cap: int) -> Iterator[str]:
+    """Where every server shares its GPUs and none holds the longest request, SGLang refuses it (400)."""
+    floor, known = longest_request_kv_gb(launch), launch_memory(launch)
+    if floor <= 0.0 or known is None or any(s.mem_share is None for s in servers):
+        return  # a server alone on its GPUs (SGLang's own memory default) holds what plain DP holds
+    memory, unlisted = known
+    rooms = []
+    for server in servers:
+        gpus = len(server.gpus) or unlisted
+        if gpus is None:
+            return
+        assert server.mem_share is not None
+        rooms.append(kv_budget_gb(memory, gpus, server.mem_share, speculative=server.role == EAGLE))
+    if max(rooms) < floor:
+        tokens = launch.longest_request_tokens or "the context length"
+        yield (
+            f"no server holds a request of {tokens} tokens (launch.longest_request_tokens): the largest KV room is "
+            f"{max(rooms):.1f} GB of the {floor:.1f} GB it needs, so SGLang refuses it where one server alone on "
+            "the same GPUs would serve it; leave the mem_fraction_static shares to the default split, raise "
+            "launch.plain.mem_fraction_static, or add a plain-only group"
         )
 
 

@@ -24,20 +24,22 @@ def check_launch_memory(launch: LaunchConfig, groups: Sequence[ResolvedGroup]) -
     """
     if not any(g.colocated for g in groups):
         return
-    unlisted: int | None = None
+    known = launch_memory(launch)
+    if known is not None:
+        check_group_memory(groups, *known)
+
+
+def launch_memory(launch: LaunchConfig) -> tuple[ModelMemory, int | None] | None:
+    """The model's sizes and the GPU count of a group that lists none (None: unknown); None without the sizes."""
     if launch.engine == "sim":
         profile = load_launch_profile(launch)
-        gpu, target, draft = profile.gpu_memory_gb, profile.target_weights_gb, profile.draft_weights_gb
-        unlisted = profile.num_gpus
-    else:
-        gpu, target, draft = launch.gpu_memory_gb, launch.target_weights_gb, launch.draft_weights_gb
-    if gpu is None or target is None:
-        return
-    memory = ModelMemory(gpu_memory_gb=gpu, target_weights_gb=target, draft_weights_gb=draft or 0.0)
-    check_group_memory(groups, memory, unlisted_gpus=unlisted)
+        return profile.memory, profile.num_gpus
+    if launch.gpu_memory_gb is None or launch.target_weights_gb is None:
+        return None
+    return ModelMemory(launch.gpu_memory_gb, launch.target_weights_gb, launch.draft_weights_gb or 0.0), None
 
 
-def check_group_memory(groups: Sequence[ResolvedGroup], memory: ModelMemory, *, unlisted_gpus: int | None) -> None:
+def check_group_memory(groups: Sequence[ResolvedGroup], memory: ModelMemory, unlisted_gpus: int | None) -> None:
     """Raise PlanError for the first co-located group with a server whose share does not hold its weights.
 
     `unlisted_gpus`: the GPU count of a group that lists none (the simulator's profile knows it;

@@ -28,6 +28,9 @@ GROUPS = "groups"
 # stay well below one server's ~0.9. EAGLE gets less: it only ever runs the policy's few requests.
 # When the sizes are known, `memory_split` replaces them with the same total split by memory.
 COLOCATED_MEM_SHARE = {EAGLE: 0.3, PLAIN: 0.5}
+# The plain server's KV room grows to hold the longest request only while EAGLE keeps this share of it:
+# beyond, no split serves both well, and `specgate plan` weighs one-mode groups instead.
+MIN_EAGLE_KV_SHARE = 0.25
 
 
 class PlanError(ValueError):
@@ -215,26 +218,59 @@ def colocated_shares(given: dict[str, float | None], split: dict[str, float] | N
 
 
 def memory_split(
-    memory: ModelMemory, gpus: int, total: float = sum(COLOCATED_MEM_SHARE.values()), eagle_kv_share: float = 0.5
+    memory: ModelMemory,
+    gpus: int,
+    total: float = sum(COLOCATED_MEM_SHARE.values()),
+    eagle_kv_share: float = 0.5,
+    plain_kv_floor_gb: float = 0.0,
 ) -> dict[str, float] | None:
-    """Shares of a group's memory: each server its weights, the KV room left split `eagle_kv_share` to EAGLE.
+    """Shares of a group's memory: each server its weights, the KV room left split `eagle_kv_share` to EAGLE;
+    where neither server would get `plain_kv_floor_gb`, the plain one gets that (EAGLE keeping at least
+    `MIN_EAGLE_KV_SHARE` of the room; beyond, the split stays as asked).
 
     The default (0.5, an even split) is the launcher's: the fixed 0.3/0.5 split starves whichever
     server the model's size squeezes: on 4 x 180 GB a 236 GB model does not even fit in 0.3, and
     with long contexts the EAGLE server runs out of KV room long before the policy stops sending it
     requests. Splitting what the two copies leave of the same total evenly keeps both servers'
-    batches alike; `specgate plan` tries other splits for a given workload. Shares are rounded down
-    to 0.001; None when the two copies do not fit in `total` (the memory check then says why).
+    batches alike; `specgate plan` tries other splits for a given workload. The floor is the KV of
+    the longest request the node must serve (`longest_request_tokens`): a request no server of a
+    co-located group can hold is refused, where one server alone on the same GPUs would serve it
+    (and the policy sends a request only to a server that holds it).
+    Shares are rounded down to 0.001; None when the two copies do not fit in `total` (the memory
+    check then says why).
     """
     whole = gpus * memory.gpu_memory_gb
     kv = total * whole - memory.weights_gb(True) - memory.weights_gb(False)
     if kv <= 0:
         return None
-    kv_share = {EAGLE: eagle_kv_share, PLAIN: 1.0 - eagle_kv_share}
+    plain_kv = kv * (1.0 - eagle_kv_share)
+    if max(plain_kv, kv - plain_kv) < plain_kv_floor_gb <= kv * (1.0 - MIN_EAGLE_KV_SHARE):
+        # Rounded up, so the plain server holds the whole request; EAGLE's share, rounded down, makes room.
+        plain = math.ceil((memory.weights_gb(False) + plain_kv_floor_gb) / whole * 1000) / 1000
+        return {EAGLE: math.floor((total - plain) * 1000 + 1e-6) / 1000, PLAIN: plain}
+    kv_gb = {EAGLE: kv - plain_kv, PLAIN: plain_kv}
     return {
-        role: math.floor((memory.weights_gb(role == EAGLE) + kv * kv_share[role]) / whole * 1000) / 1000
+        role: math.floor((memory.weights_gb(role == EAGLE) + kv_gb[role]) / whole * 1000) / 1000
         for role in (EAGLE, PLAIN)
     }
+
+
+def longest_request_kv_gb(launch: LaunchConfig) -> float:
+    """KV room, GB, of the longest request a co-located plain server must hold (0: not known).
+
+    The simulator knows its bytes per token and, unless `longest_request_tokens` says otherwise, takes
+    its profile's context length; SGLang servers need both `kv_bytes_per_token` and `longest_request_tokens`.
+    """
+    if launch.engine == "sim":
+        return request_kv_gb(load_launch_profile(launch), launch.longest_request_tokens)
+    if launch.kv_bytes_per_token is None or launch.longest_request_tokens is None:
+        return 0.0
+    return launch.longest_request_tokens * launch.kv_bytes_per_token / 1e9
+
+
+def request_kv_gb(profile: Profile, tokens: int | None = None) -> float:
+    """KV room, GB, a simulated plain server needs for one request of `tokens` (default: the context length)."""
+    return (tokens or profile.context_length) * profile.kv_bytes_per_token(PLAIN) / 1e9
 
 
 def _memory_split_default(launch: LaunchConfig) -> dict[str, float] | None:
@@ -251,7 +287,7 @@ def _memory_split_default(launch: LaunchConfig) -> dict[str, float] | None:
     sizes = [len(gpus) or unlisted for _, gpus, roles in _group_layout(launch) if len(roles) > 1]
     if not sizes or None in sizes:
         return None
-    return memory_split(memory, min(s for s in sizes if s is not None))
+    return memory_split(memory, min(s for s in sizes if s is not None), plain_kv_floor_gb=longest_request_kv_gb(launch))
 
 
 def _sglang_fractions(launch: LaunchConfig, shares: dict[str, float | None]) -> dict[str, float | None]:

@@ -38,6 +38,9 @@ _OPTIONS = (
                  show_default=True, metavar="LIST",
                  help="memory splits to try: EAGLE's share of the KV room a co-located group's two copies leave "
                       "(0.5 is the launcher's default, listed first so it wins ties)"),
+    click.option("--longest-request-tokens", type=click.IntRange(min=1), default=None,
+                 help="prompt + output tokens of the longest request the node must serve: every split keeps a "
+                      "co-located plain server's KV room for one [default: the profile's context length]"),
     click.option("--policy", default=PolicyConfig().name, show_default=True, help="gateway routing policy"),
     click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE", help="policy parameter (repeatable)"),
     click.option("--concurrency", default=None, metavar="LIST", help=f"closed-loop levels [default: {DEFAULT_LEVELS}]"),
@@ -71,6 +74,7 @@ def run_planner(
     profile_file: Path | None,
     gpus: int | None,
     kv_share_text: str,
+    longest_request_tokens: int | None,
     policy: str,
     policy_params: tuple[str, ...],
     concurrency: str | None,
@@ -97,7 +101,8 @@ def run_planner(
     settings = sweep_settings(workload, concurrency, request_rate,
                               requests_per_level or (PLANNER_REQUESTS if closed else None), min_requests, input_len,
                               output_len, warmup, seed)
-    spec = PlanSpec(profile, profile_file, gpus or model.node_gpus, settings, policy, params, _kv_shares(kv_share_text))
+    spec = PlanSpec(profile, profile_file, gpus or model.node_gpus, settings, policy, params, _kv_shares(kv_share_text),
+                    longest_request_tokens=longest_request_tokens)
     console = Console(stderr=True)
     # The sweeps are counted once the layouts are checked: the bar learns its length from the first report.
     with click.progressbar(length=1, label="sweeps", file=sys.stderr) as bar:
@@ -140,6 +145,8 @@ def serve_config(spec: PlanSpec, best: Outcome) -> dict[str, Any]:
                           spec.policy, dict(spec.policy_params), seed=spec.settings.seed)
     config = specgate_config(stack, hardware, SERVE_PORT)
     config["server"]["log_level"] = "info"  # the envelope quiets its gateway; a served node logs as usual
+    if spec.longest_request_tokens is not None:
+        config["launch"]["longest_request_tokens"] = spec.longest_request_tokens
     Settings.model_validate(config)  # what `specgate serve` would refuse, refused here
     return config
 

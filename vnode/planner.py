@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from backends.resolve import memory_split
+from backends.resolve import memory_split, request_kv_gb
 from backends.sim.layout import ServerSlot, plan_layout
 from backends.sim.profiles import Profile
 from gateway.config import PolicyConfig
@@ -59,6 +59,7 @@ class PlanSpec:
     policy_params: tuple[tuple[str, Any], ...] = ()
     kv_shares: tuple[float, ...] = DEFAULT_KV_SHARES
     draws: Draws = "request"
+    longest_request_tokens: int | None = None  # a co-located plain server's KV floor; None: the context length
 
 
 @dataclass(frozen=True)
@@ -165,24 +166,31 @@ class Unplannable(ValueError):
     """The traffic or the node cannot be planned (the message says why, and what would do)."""
 
 
-def candidates(profile: Profile, gpus: int, kv_shares: Sequence[float]) -> list[tuple[Candidate, str | None]]:
+def candidates(
+    profile: Profile, gpus: int, kv_shares: Sequence[float], longest_request_tokens: int | None = None
+) -> list[tuple[Candidate, str | None]]:
     """Every candidate layout of `gpus` GPUs and why it is refused before any sweep (None: not refused).
 
     Groupings are G GPUs per group for each G dividing `gpus`; for each, every KV split, and with two
     or more groups: half of them plain-only at the default split (the first of `kv_shares`), and no
     co-located group at all, half the groups or three quarters (at least one plain) EAGLE-only and
-    the rest plain-only (each server on whole GPUs, so no second copy of the weights to hold).
+    the rest plain-only (each server on whole GPUs, so no second copy of the weights to hold). Every split
+    keeps a plain server's KV room for one request of `longest_request_tokens` (default: the profile's
+    context length; `memory_split`'s floor), as the launcher's default split does.
     """
     out: list[tuple[Candidate, str | None]] = []
+    floor = request_kv_gb(profile, longest_request_tokens)
     for size in (g for g in range(1, gpus + 1) if gpus % g == 0):
         groups = gpus // size
         for share, plain_only in [(share, 0) for share in kv_shares] + ([(kv_shares[0], groups // 2)] if groups > 1 else []):
-            split = memory_split(profile.memory, size, eagle_kv_share=share)
+            split = memory_split(profile.memory, size, eagle_kv_share=share, plain_kv_floor_gb=floor)
             if split is None:
                 hardware = Hardware(groups, size, plain_only_groups=plain_only)
                 out.append((Candidate(hardware, share), _no_room(profile, size)))
                 continue
             hardware = Hardware(groups, size, split["eagle"], split["plain"], plain_only)
+            if any(c.hardware == hardware for c, _ in out):
+                continue  # the plain server's floor made this share's split another's
             out.append((Candidate(hardware, share), None))
         if groups > 1:
             for eagle_only in sorted({groups // 2, groups - max(1, groups // 4)}):
@@ -277,7 +285,7 @@ def plan(spec: PlanSpec, jobs: int = 1, on_sweep: Callable[[int, int], None] | N
     began = time.perf_counter()
     profile = profile_for(spec.profile, spec.profile_file)
     checked: list[Outcome] = []
-    for candidate, why in candidates(profile, spec.gpus, spec.kv_shares):
+    for candidate, why in candidates(profile, spec.gpus, spec.kv_shares, spec.longest_request_tokens):
         memory, refused = ((), why) if why is not None else check(spec, profile, candidate)
         checked.append(Outcome(candidate, memory, refused))
     feasible = [o.candidate for o in checked if o.refused is None]

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from backends.resolve import colocated_shares, memory_split
+from backends.resolve import colocated_shares, memory_split, request_kv_gb
 from backends.sim.faults import FaultSpec
 from backends.sim.profiles import DEFAULT_PROFILE, Profile, Role
 
@@ -133,7 +133,8 @@ class SimSettings(BaseModel):
         if alone or not self.colocated:
             return profile.mem_fraction_static
         given = {"eagle": self.eagle_mem_fraction, "plain": self.plain_mem_fraction}
-        return colocated_shares(given, memory_split(profile.memory, self.gpus_per_group or profile.num_gpus))[role]
+        split = memory_split(profile.memory, self.gpus_per_group or profile.num_gpus, plain_kv_floor_gb=request_kv_gb(profile))
+        return colocated_shares(given, split)[role]
 
     def metric_labels(self, role: Role) -> dict[str, str]:
         """Extra metric labels of one endpoint; colocated endpoints are told apart by `pool=<role>`."""

@@ -513,6 +513,10 @@ def test_a_derived_port_above_65535_is_an_error() -> None:
         ({"groups": [[0]], "gpu_memory_gb": 80}, "launch.target_weights_gb is needed too"),
         ({"groups": [[0]], "draft_weights_gb": 1}, "launch.gpu_memory_gb is needed too"),
         ({"engine": "sim", "groups": [[0]], "gpu_memory_gb": 80}, "the simulator takes them from its profile"),
+        ({"engine": "sim", "groups": [[0]], "kv_bytes_per_token": 131072}, "the simulator takes them from its profile"),
+        ({"groups": [[0]], "longest_request_tokens": 131072}, "longest_request_tokens and kv_bytes_per_token go together"),
+        ({"groups": [[0]], "kv_bytes_per_token": 131072, "gpu_memory_gb": 80, "target_weights_gb": 16},
+         "longest_request_tokens and kv_bytes_per_token go together"),
     ],
 )
 def test_bad_groups_are_rejected_with_the_key_named(values: dict[str, object], message: str) -> None:
@@ -553,6 +557,37 @@ def test_memory_check_passes_what_fits_and_is_silent_without_sizes() -> None:
     with pytest.raises(PlanError, match="group g0 \\(GPUs \\[0, 1, 2, 3\\]\\)"):
         build_plan(launch(topology="colocated", **big), eagle_cap=2)
     assert build_plan(launch(**big), eagle_cap=2).warnings == ()
+
+
+def test_the_default_split_gives_the_plain_server_room_for_the_longest_request() -> None:
+    # Llama-3.1-8B on one H100 (128 KiB of KV per token): an even split leaves each server 15 GB, 118k tokens.
+    eight_b = {"gpu_memory_gb": 80, "target_weights_gb": 16.1, "draft_weights_gb": 0.9, "kv_bytes_per_token": 131072}
+    even = build_plan(groups_launch(groups=[[0]], **{k: v for k, v in eight_b.items() if k != "kv_bytes_per_token"}),
+                      eagle_cap=2)
+    assert [_flag(p.argv, "--mem-fraction-static") for p in even.processes] == ["0.405", "0.662"]  # 0.394 of the GPU
+    long = build_plan(groups_launch(groups=[[0]], longest_request_tokens=131072, **eight_b), eagle_cap=2)
+    eagle, plain = (float(_flag(p.argv, "--mem-fraction-static")) for p in long.processes)
+    # SGLang reads the plain server's flag as a share of what EAGLE left free; the flag is rounded down to 0.001.
+    plain_share = plain * (1 - eagle)
+    need = 131072 * 131072 / 1e9
+    assert plain_share * 80 - 16.1 == pytest.approx(need, abs=0.1) and eagle * 80 - 17.0 < need
+    assert long.warnings == ()
+    # Shares set by hand that leave no server room for it: said, with the keys to change.
+    (warning,) = build_plan(groups_launch(groups=[[0]], longest_request_tokens=131072, eagle={"mem_fraction_static": 0.4},
+                                          plain={"mem_fraction_static": 0.4}, **eight_b), eagle_cap=2).warnings
+    assert warning.startswith("no server holds a request of 131072 tokens (launch.longest_request_tokens)")
+    assert "17.2 GB it needs" in warning and "launch.plain.mem_fraction_static" in warning
+
+
+def test_sim_warns_when_no_server_holds_a_context_length_request() -> None:
+    split = {"eagle": {"mem_fraction_static": 0.4}, "plain": {"mem_fraction_static": 0.4}}
+    config = LaunchConfig(topology="colocated", profile="llama8b-h100", **split)
+    assert any(w.startswith("no server holds a request of the context length") for w in build_plan(config, eagle_cap=2).warnings)
+    # Traffic declared shorter, or a server alone on its GPUs: nothing to say.
+    assert build_plan(LaunchConfig(topology="colocated", profile="llama8b-h100", longest_request_tokens=8192, **split),
+                      eagle_cap=2).warnings == ()
+    assert build_plan(LaunchConfig(topology="groups", groups=[[0], [1]], plain_only_groups=1, profile="llama8b-h100", **split),
+                      eagle_cap=2).warnings == ()
 
 
 def test_sim_serves_every_group_from_one_process() -> None:
@@ -846,7 +881,7 @@ def test_sim_serves_eagle_only_groups_from_the_same_process_on_the_profiles_own_
     ]  # fmt: skip
     slots = plan_layout(read_settings(process.argv[3:]), load_profile("llama8b-h100"))
     assert [(s.role, s.group, s.mem_share) for s in slots] == [
-        ("eagle", 0, 0.405), ("plain", 0, 0.394), ("eagle", 1, 0.88), ("eagle", 2, 0.88), ("plain", 3, 0.88),
+        ("eagle", 0, 0.376), ("plain", 0, 0.424), ("eagle", 1, 0.88), ("eagle", 2, 0.88), ("plain", 3, 0.88),
     ]  # fmt: skip
     assert slots[2].max_total_tokens == 385000  # alone on its GPU: the profile's own EAGLE server
     # No co-located group at all: still one process, no memory split given.
@@ -863,6 +898,6 @@ def test_sim_serves_plain_only_groups_from_the_same_process_on_the_profiles_own_
     assert [(e.backend, e.group, e.speculative) for e in process.endpoints][-1] == ("g2-plain", "g2", False)
     slots = plan_layout(read_settings(process.argv[3:]), load_profile("llama8b-h100"))
     assert [(s.role, s.group, s.mem_share) for s in slots] == [
-        ("eagle", 0, 0.405), ("plain", 0, 0.394), ("eagle", 1, 0.405), ("plain", 1, 0.394), ("plain", 2, 0.88),
+        ("eagle", 0, 0.376), ("plain", 0, 0.424), ("eagle", 1, 0.376), ("plain", 1, 0.424), ("plain", 2, 0.88),
     ]  # fmt: skip
     assert slots[-1].max_total_tokens == 400000  # alone on its GPU: the profile's own server

@@ -36,11 +36,13 @@ def test_a_lone_server_keeps_its_profile_kv_capacity(name: str, role: Role) -> N
 def test_colocated_kv_is_the_memory_share_minus_the_weights() -> None:
     profile = load_profile("llama8b-h100")
     eagle, plain = colocated("llama8b-h100")
-    # The default split: each server its weights, the rest of 0.8 of the GPU split evenly (to 0.001).
-    assert (eagle.mem_share, plain.mem_share) == (0.405, 0.394)
-    assert eagle.kv_budget_gb == pytest.approx(0.405 * 80 - 16.1 - 0.9)
-    assert plain.kv_budget_gb == pytest.approx(0.394 * 80 - 16.1)
-    assert eagle.kv_budget_gb == pytest.approx(plain.kv_budget_gb, abs=0.1)
+    # The default split: an even one (about 15 GB of KV each) would hold 113k tokens in either server, short
+    # of the model's 131,072-token context, so the plain server gets room for one such request (to 0.001, up)
+    # and EAGLE the rest of 0.8 of the GPU.
+    assert (eagle.mem_share, plain.mem_share) == (0.376, 0.424)
+    assert eagle.kv_budget_gb == pytest.approx(0.376 * 80 - 16.1 - 0.9)
+    assert plain.kv_budget_gb == pytest.approx(0.424 * 80 - 16.1)
+    assert plain.max_total_tokens >= profile.context_length > eagle.max_total_tokens
     for slot in (eagle, plain):
         assert slot.max_total_tokens == kv_tokens(slot.kv_budget_gb, profile.kv_bytes_per_token(slot.role))
         # The second copy of the weights costs KV room: well below the server alone on the GPU.
@@ -49,6 +51,19 @@ def test_colocated_kv_is_the_memory_share_minus_the_weights() -> None:
     lone_budget = 0.88 * 80 - 16.1
     expected = profile.plain.max_total_tokens * plain.kv_budget_gb / lone_budget
     assert plain.max_total_tokens == pytest.approx(expected, abs=1)
+
+
+def test_the_split_keeps_a_server_that_holds_the_longest_request() -> None:
+    memory = load_profile("llama8b-h100").memory
+    kv = 0.8 * 80 - 17.0 - 16.1  # what the two copies leave
+    assert memory_split(memory, 1) == {"eagle": 0.405, "plain": 0.394}  # no floor: even
+    # Either server holding the request is enough: EAGLE's three quarters already do.
+    assert memory_split(memory, 1, eagle_kv_share=0.75, plain_kv_floor_gb=20.0) == memory_split(memory, 1, eagle_kv_share=0.75)
+    # Neither would: the plain server gets the floor, EAGLE the rest of the same total.
+    split = memory_split(memory, 1, plain_kv_floor_gb=20.0)
+    assert split is not None and split["plain"] * 80 - 16.1 >= 20.0 and sum(split.values()) <= 0.8 + 1e-9
+    # A floor EAGLE could not spare a quarter of the room for: the split stays as asked.
+    assert memory_split(memory, 1, plain_kv_floor_gb=0.8 * kv) == memory_split(memory, 1)
 
 
 def test_memory_flags_and_gpus_per_group_move_the_budget() -> None:

@@ -42,7 +42,7 @@ def test_json_is_the_best_layout_with_exactly_the_contract_keys_and_its_predicti
     assert set(layout) == LAYOUT_KEYS
     # Short requests: today's layout, one co-located group per GPU at the launcher's default split.
     assert (layout["topology"], layout["groups"], layout["gpus_per_group"], layout["plain_only_groups"]) == ("groups", 2, 1, 0)
-    assert (layout["eagle_mem_fraction"], layout["plain_mem_fraction"]) == (0.405, 0.394)
+    assert (layout["eagle_mem_fraction"], layout["plain_mem_fraction"]) == (0.376, 0.424)
     assert [p["level"] for p in layout["predicted"]] == ["C=1", "C=8"]
     assert all(p["throughput_ratio"] >= 0.9 and p["output_tok_s"] > 0 for p in layout["predicted"])
     PlannedLayout.model_validate(layout)  # what `loadtest envelope --plan` reads
@@ -53,14 +53,30 @@ def test_the_table_ranks_every_candidate_and_write_config_is_a_serve_config_of_t
     code, output = plan_cli(*SMALL, "--write-config", str(config))
     assert code == 0, output
     assert "Layouts, best first" in output and "predicted per level" in output
-    assert "eagle 0.405: 32.4 GB" in output and "plain-only 0.88" in output  # each server's memory
+    assert "eagle 0.376: 30.1 GB" in output and "plain-only 0.88" in output  # each server's memory
     assert "6 candidate layouts (0 refused), 12 sweeps in" in output
     settings = load_settings(config)
     plan = build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
     assert [(e.backend, e.group) for e in plan.endpoints] == [
         ("g0-eagle", "g0"), ("g0-plain", "g0"), ("g1-eagle", "g1"), ("g1-plain", "g1"),
     ]  # fmt: skip
-    assert (settings.launch.eagle.mem_fraction_static, settings.launch.plain.mem_fraction_static) == (0.405, 0.394)
+    assert (settings.launch.eagle.mem_fraction_static, settings.launch.plain.mem_fraction_static) == (0.376, 0.424)
+
+
+def test_every_split_keeps_a_server_for_the_longest_request_the_traffic_declares(tmp_path: Path) -> None:
+    llama = load_profile("llama8b-h100")
+    # Default: the model's context length (131,072 tokens), which an even split of one H100 holds in neither server.
+    default = {c.name: c.hardware for c, _ in candidates(llama, 2, (0.5, 0.75))}
+    assert (default["2x1 kv0.5"].eagle_mem_fraction, default["2x1 kv0.5"].plain_mem_fraction) == (0.376, 0.424)
+    assert (default["2x1 kv0.75"].eagle_mem_fraction, default["2x1 kv0.75"].plain_mem_fraction) == (0.502, 0.297)  # EAGLE holds it
+    short = {c.name: c.hardware for c, _ in candidates(llama, 2, (0.5,), longest_request_tokens=8192)}
+    assert (short["2x1 kv0.5"].eagle_mem_fraction, short["2x1 kv0.5"].plain_mem_fraction) == (0.405, 0.394)
+    config = tmp_path / "node.toml"
+    code, output = plan_cli(*SMALL, "--longest-request-tokens", "8192", "--write-config", str(config))
+    assert code == 0, output
+    launch = load_settings(config).launch
+    assert launch.longest_request_tokens == 8192
+    assert build_plan(launch, eagle_cap=2).warnings == ()
 
 
 def test_a_layout_that_cannot_hold_the_model_is_refused_with_the_reason() -> None:
@@ -157,5 +173,5 @@ def test_long_contexts_give_eagle_more_of_the_memory() -> None:
     assert code == 0, output
     layout = json.loads(output[output.index("{"):output.rindex("}") + 1])
     assert (layout["groups"], layout["plain_only_groups"]) == (2, 0)
-    assert (layout["eagle_mem_fraction"], layout["plain_mem_fraction"]) == (0.502, 0.297)  # default: 0.405 / 0.394
+    assert (layout["eagle_mem_fraction"], layout["plain_mem_fraction"]) == (0.502, 0.297)  # default: 0.376 / 0.424
     assert min(p["throughput_ratio"] for p in layout["predicted"]) > 0.9
