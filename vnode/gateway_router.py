@@ -121,7 +121,7 @@ class GatewayRouter:
         held = self.pool.board.prefix.match(key.keys, len(names))
         estimate = self.prefix_estimate
         cached = {name: estimate.cached_tokens(i, n) for i, (name, n) in enumerate(zip(names, held, strict=True)) if n}
-        return Prompt(estimate.prompt_tokens(key.size), cached, max_tokens)
+        return Prompt(estimate.prompt_tokens(key.size), cached, max_tokens, estimate.most_tokens(key.size))
 
     def _progress(self, backend: str, window: DecodeWindow) -> None:
         self.policy.paced(Progress(backend, window.seconds, window.chunks, window.mean_inflight, window.mean_group_inflight))

@@ -117,6 +117,7 @@ def _prefix(rt: Runtime) -> dict[str, Any]:
         "slots": table.slots,
         "occupied_slots": table.occupied(),
         "tokens_per_byte": rt.prefix_estimate.tokens_per_byte,
+        "tokens_per_byte_spread": rt.prefix_estimate.spread,
         "trust": dict(zip(rt.pool.names, rt.prefix_estimate.trust, strict=True)),
         **_rates(*sums),
         "backends": per_backend,

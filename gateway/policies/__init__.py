@@ -47,6 +47,7 @@ class Prompt:
     tokens: float
     cached: Mapping[str, float] = field(default_factory=dict)  # backend -> predicted cached tokens
     max_tokens: int | None = None  # the request's limit on its output, when it gave one
+    most_tokens: float | None = None  # the most it is likely to hold (None: `tokens`), for KV fit
 
     def uncached(self, backend: str) -> float:
         """The prompt tokens `backend` would have to prefill."""

@@ -279,22 +279,26 @@ class Pool:
 
     def publish_loads(self) -> None:
         """Tell the other workers each backend's own /v1/loads, as the health checker polled it."""
-        self._publish("engine loads", self.board.write_loads, orjson.dumps({b.name: engine_load_json(b.engine_load) for b in self}))
+        payload = orjson.dumps({b.name: engine_load_json(b.engine_load) for b in self})
+        if self._publish("engine loads", self.board.write_loads, payload):
+            # This process's own figures, not to be read back by its `sync` over newer ones it polled since.
+            self._loads_version = self.board.loads_version
 
-    def _publish(self, what: str, write: Callable[[bytes], None], payload: bytes) -> None:
+    def _publish(self, what: str, write: Callable[[bytes], None], payload: bytes) -> bool:
         """Write a blob for the other workers; one larger than the board's room is skipped (they keep
-        the last that fitted) and logged when that starts and when it ends, never raised into the
-        health checker, whose probes and polls must go on."""
+        the last that fitted; False) and logged when that starts and when it ends, never raised into
+        the health checker, whose probes and polls must go on."""
         try:
             write(payload)
         except ValueError as exc:
             if what not in self._unshared:
                 self._unshared.add(what)
                 log.warning("not shared with the other workers: %s", exc)
-            return
+            return False
         if what in self._unshared:
             self._unshared.discard(what)
             log.info("%s shared with the other workers again", what)
+        return True
 
     def sync(self) -> None:
         """Take the health states, model cards and engine loads other processes published since the last call.

@@ -5,7 +5,8 @@ generation and takes at least a second, so it is polled rarely, and always for a
 out on real traffic (a hung server can still answer `/ready`). Requests that fail to connect
 report it here at once, so routing does not wait for the next poll. Beside the probes, a ready
 backend's own `/v1/loads` is fetched at the same cadence into `Backend.engine_load` (dropped when
-it leaves READY), which the node's `/v1/loads` sums; a slow answer there never delays a probe.
+it leaves READY, fetched once more as it turns READY), which the node's `/v1/loads` sums; a slow
+answer there never delays a probe.
 
 The rule for taking a backend out is evidence about the backend: a probe that cannot connect, a
 refused or reset connection on real traffic that a probe run at once confirms, or
@@ -149,6 +150,11 @@ class HealthChecker:
             return
         if backend.model_card is None and not await self._discover(backend, upstream):
             return
+        if backend.health is not Health.READY:
+            # Its KV capacity before any request is routed to it (the policy fits long requests by it),
+            # shared before its state is.
+            backend.engine_load = await self._engine_load(backend)
+            self._pool.publish_loads()
         self.set_state(backend, Health.READY)
 
     async def _watch_load(self, backend: Backend) -> None:

@@ -55,17 +55,29 @@ class PrefixEstimate:
 
     `tokens_per_byte` is learned from the prompt tokens responses report; `trust[i]` is the share of
     what the map predicted backend i held that it reported cached (an evicting backend's falls), so
-    a prediction is `blocks * BLOCK_BYTES * tokens_per_byte * trust`.
+    a prediction is `blocks * BLOCK_BYTES * tokens_per_byte * trust`. `spread` bounds how far one
+    prompt's own rate has been above the mean lately (`most_tokens`, for whether a KV cache holds it):
+    `COLD_SPREAD` before any response, renewed by every long prompt above the mean, fading by
+    `SPREAD_FADE` per response otherwise.
     """
 
     RATE = 0.05
+    COLD_SPREAD = 2.0  # short words or CJK text hold twice English's tokens per byte
+    MAX_SPREAD = 4.0
+    SPREAD_FADE = 0.98  # of the spread's excess over 1, per long prompt's response
+    SPREAD_MIN_BYTES = 1024  # shorter prompts' counts are dominated by the chat template's own tokens
 
     def __init__(self, backends: int) -> None:
         self.tokens_per_byte = 0.25
         self.trust = [1.0] * backends
+        self.spread = self.COLD_SPREAD
 
     def prompt_tokens(self, size: int) -> float:
         return self.tokens_per_byte * size
+
+    def most_tokens(self, size: int) -> float:
+        """The most tokens a `size`-byte prompt is likely to hold, by the rates prompts have shown."""
+        return self.tokens_per_byte * size * self.spread
 
     def cached_tokens(self, index: int, blocks: int) -> float:
         return self.tokens_per_byte * BLOCK_BYTES * blocks * self.trust[index]
@@ -74,7 +86,11 @@ class PrefixEstimate:
         """A response of a `size`-byte prompt on backend `index`: `prompt_tokens` counted, `reported`
         cached (None: the backend does not say) where `predicted` were."""
         if prompt_tokens > 0 and size > 0:
-            self.tokens_per_byte += self.RATE * (prompt_tokens / size - self.tokens_per_byte)
+            rate = prompt_tokens / size
+            if size >= self.SPREAD_MIN_BYTES:
+                faded = 1.0 + (self.spread - 1.0) * self.SPREAD_FADE
+                self.spread = min(max(rate / self.tokens_per_byte, faded), self.MAX_SPREAD)
+            self.tokens_per_byte += self.RATE * (rate - self.tokens_per_byte)
         if reported is not None and predicted >= 1.0:
             # Above 1: the backend also kept the answers the map never saw; the map's part is what counts.
             self.trust[index] += self.RATE * (min(reported / predicted, 1.0) - self.trust[index])

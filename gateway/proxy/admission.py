@@ -62,7 +62,7 @@ def _prompt(rt: Runtime, job: ProxyJob) -> Prompt | None:
     held = rt.pool.board.prefix.match(key.keys, len(names))
     estimate = rt.prefix_estimate
     cached = {name: estimate.cached_tokens(i, n) for i, (name, n) in enumerate(zip(names, held, strict=True)) if n}
-    job.prompt = Prompt(estimate.prompt_tokens(key.size), cached, job.max_tokens)
+    job.prompt = Prompt(estimate.prompt_tokens(key.size), cached, job.max_tokens, estimate.most_tokens(key.size))
     return job.prompt
 
 

@@ -258,6 +258,10 @@ def test_a_prompt_goes_only_where_a_kv_cache_can_hold_it() -> None:
     node = with_kv(groups((0, 0), (3, 0)), g0_eagle=30_000, g0_plain=30_000, g1_eagle=60_000, g1_plain=60_000)
     assert policy.choose(node, prompt=Prompt(40_000.0, {}, 512)).backend == "g1-eagle"
     assert policy.choose(node, prompt=Prompt(4_000.0, {}, 512)).backend == "g0-eagle"
+    # The prompt's tokens are an estimate from its bytes: 20,000 fit g0, but it may hold up to 40,000.
+    assert policy.choose(node, prompt=Prompt(20_000.0, {}, 512, most_tokens=40_000.0)).backend == "g1-eagle"
+    # Where nothing holds the most it may be, the estimate decides.
+    assert policy.choose(node, prompt=Prompt(20_000.0, {}, 512, most_tokens=80_000.0)).backend == "g0-eagle"
     # With its output limit it fits one server only.
     only = with_kv(groups((0, 0), (3, 0)), g0_eagle=30_000, g0_plain=30_000, g1_eagle=30_000, g1_plain=45_000)
     assert policy.choose(only, prompt=Prompt(40_000.0, {}, 4_096)) == Decision("g1-plain", "adaptive_kv_fit")

@@ -153,6 +153,29 @@ async def test_each_poll_of_a_ready_backend_keeps_its_own_loads_and_drops_them_w
         await until(lambda: backend.engine_load is None)  # an unready backend's figures are stale
 
 
+async def test_a_backend_turns_ready_with_its_loads_already_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy fits long requests by a backend's KV capacity: the first request routed to it must see it."""
+    seen: list[tuple[Health, bool]] = []
+    set_state = HealthChecker.set_state
+
+    def recording(self: HealthChecker, backend: Backend, health: Health, detail: str = "") -> None:
+        if health is not backend.health:
+            seen.append((health, backend.engine_load is not None))
+        set_state(self, backend, health, detail)
+
+    monkeypatch.setattr(HealthChecker, "set_state", recording)
+    report = {"version": "0.5.23", "num_accelerators": 1, "loads": [{"dp_rank": 0, "max_total_num_tokens": 94303}]}
+    async with serving(FakeBackend(loads=report)) as fake, checking(fake.url) as (backend, _):
+        await until(lambda: backend.health is Health.READY)
+        assert seen == [(Health.READY, True)]
+        assert backend.engine_load is not None and backend.engine_load.kv_tokens == 94303
+        fake.ready_status = 503
+        await until(lambda: backend.health is not Health.READY)
+        fake.ready_status = 200
+        await until(lambda: backend.health is Health.READY)
+        assert seen[-1] == (Health.READY, True)  # and again when it comes back
+
+
 async def test_a_backend_without_v1_loads_is_ready_with_no_figures() -> None:
     async with serving(FakeBackend()) as fake, checking(fake.url) as (backend, _):
         await until(lambda: backend.health is Health.READY and "/v1/loads" in fake.gets)

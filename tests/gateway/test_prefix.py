@@ -98,6 +98,20 @@ def test_the_estimate_learns_tokens_per_byte_and_how_far_each_backend_keeps_what
     assert estimate.trust[0] == pytest.approx(1.0)
 
 
+def test_the_most_tokens_a_prompt_may_hold_follow_the_spread_long_prompts_have_shown() -> None:
+    estimate = PrefixEstimate(1)
+    assert estimate.most_tokens(4000) == pytest.approx(2 * estimate.prompt_tokens(4000))  # before any response
+    for _ in range(300):  # even traffic: the spread fades towards 1
+        estimate.learn(0, size=4000, prompt_tokens=1000, predicted=0.0, reported=None)
+    assert estimate.tokens_per_byte == pytest.approx(0.25) and estimate.spread == pytest.approx(1.0, abs=0.01)
+    estimate.learn(0, size=4000, prompt_tokens=2000, predicted=0.0, reported=None)  # one prompt at twice the rate
+    assert estimate.spread == pytest.approx(2.0, rel=0.01)
+    assert estimate.most_tokens(4000) >= 1.9 * estimate.prompt_tokens(4000)
+    for _ in range(20):  # short prompts, whose chat template inflates their rate, teach no spread
+        estimate.learn(0, size=40, prompt_tokens=30, predicted=0.0, reported=None)
+    assert estimate.spread == pytest.approx(2.0, rel=0.01)
+
+
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
     report = '["--enable-cache-report"]'

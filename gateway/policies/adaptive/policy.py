@@ -495,10 +495,15 @@ class AdaptivePolicy(Policy):
 
 def _holding(available: list[BackendView], prompt: Prompt | None) -> list[BackendView]:
     """The backends whose KV cache can hold the request (its prompt and the output it asks for at most),
-    as SGLang admits it; every one of `available` while no backend's capacity is known to be short (or
-    when none holds it: the backend's own error then says why)."""
+    as SGLang admits it: those that hold the most tokens its prompt is likely to be (a server that cannot
+    hold it answers 400, where one passed over only decodes elsewhere), else those that hold the
+    estimate; every one of `available` while no backend's capacity is known to be short (or when none
+    holds it: the backend's own error then says why)."""
     if prompt is None:
         return available
-    need = prompt.tokens + (prompt.max_tokens or 0)
-    holding = [v for v in available if not v.kv_rank_tokens or need <= v.kv_rank_tokens]
-    return holding or available
+    for tokens in dict.fromkeys((prompt.most_tokens or prompt.tokens, prompt.tokens)):
+        need = tokens + (prompt.max_tokens or 0)
+        holding = [v for v in available if not v.kv_rank_tokens or need <= v.kv_rank_tokens]
+        if holding:
+            return holding
+    return available
