@@ -22,7 +22,7 @@ from typing import Protocol
 
 from backends.sim.kvcache import Hold, KVCache
 from backends.sim.profiles import RoleProfile
-from backends.sim.request import RequestError, RequestState, SimRequest
+from backends.sim.request import RequestError, RequestState, SimRequest, max_req_input_len
 from backends.sim.steps import StepModel
 from backends.sim.tokenizer import PseudoText
 
@@ -79,7 +79,10 @@ class EngineCore:
         max_prefill_tokens: int,
         radix_cache: bool = True,
         observer: EngineObserver | None = None,
+        context_length: int | None = None,
     ) -> None:
+        """`context_length`: the model's (None: no tighter than the KV cache), for SGLang's input limit."""
+        self.context_length = context_length
         self.table = table
         self.steps = steps
         self.text = text
@@ -101,8 +104,16 @@ class EngineCore:
     # ----- requests in and out -----
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """Raise `RequestError` if the request could never run here."""
+        """Raise `RequestError` if the request could never run here: an input SGLang's scheduler refuses
+        (its message), or one whose output the KV cache could not hold besides (the simulator's own
+        refusal: SGLang would admit it and retract it when the cache runs out, which is not modelled)."""
         capacity = self.table.max_total_tokens
+        limit = max_req_input_len(self.context_length or capacity, capacity)
+        if prompt_tokens >= limit:
+            raise RequestError(
+                f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length ({limit} tokens). "
+                "Use a shorter input or enable --allow-auto-truncate."
+            )
         if prompt_tokens + max_new_tokens > capacity:
             raise RequestError(
                 f"Requested token count exceeds the server's KV cache capacity of {capacity} "

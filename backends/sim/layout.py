@@ -91,4 +91,5 @@ def engine_core(settings: SimSettings, profile: Profile, slot: ServerSlot, index
         text,
         max_prefill_tokens=profile.max_prefill_tokens,
         radix_cache=not settings.disable_radix_cache,
+        context_length=profile.context_length,
     )

@@ -20,6 +20,11 @@ class RequestError(ValueError):
     """A request the server refuses (SGLang answers these with a 400)."""
 
 
+def max_req_input_len(context_length: int, kv_tokens: int) -> int:
+    """The longest input SGLang's scheduler takes: `min(context - 1, KV - 1) - 5` (tp_worker.py)."""
+    return min(context_length - 1, kv_tokens - 1) - 5
+
+
 def check_context(prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
     """Raise SGLang's `RequestError` for a prompt, or a prompt and its output, longer than the context."""
     if prompt_tokens >= context_length:

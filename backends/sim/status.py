@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from backends.sim.endpoint import SGLANG_VERSION, Endpoint
+from backends.sim.request import max_req_input_len
 
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
@@ -78,7 +79,7 @@ def server_info(ep: Endpoint) -> dict[str, Any]:
         "enable_cache_report": ep.settings.enable_cache_report,
         "skip_server_warmup": False,
         "max_total_num_tokens": table.max_total_tokens,
-        "max_req_input_len": min(ep.profile.context_length, table.max_total_tokens) - 1,
+        "max_req_input_len": max_req_input_len(ep.profile.context_length, table.max_total_tokens),
         "internal_states": [state],
         "version": SGLANG_VERSION,
         "launch_command": ep.launch_command,

@@ -103,7 +103,12 @@ async def test_a_request_that_can_never_fit_is_refused(make_engine: EngineMaker)
     engine = make_engine(max_total_tokens=100)
     with pytest.raises(RequestError, match="KV cache capacity of 100 tokens"):
         engine.submit(request(prompt=60, max_new=41))
+    # An input SGLang's scheduler refuses: at least min(context - 1, KV - 1) - 5 tokens, in its words.
+    with pytest.raises(RequestError, match=r"^Input length \(94 tokens\) exceeds the maximum allowed length \(94 tokens\)\. "
+                                           r"Use a shorter input or enable --allow-auto-truncate\.$"):
+        engine.submit(request(prompt=94, max_new=1))
     assert not engine.live
+    engine.submit(request(prompt=93, max_new=1))  # one token less is admitted
 
 
 async def test_abort_frees_the_slot_and_kv_at_once(make_engine: EngineMaker) -> None:

@@ -256,6 +256,8 @@ def test_info_routes(eagle: SimHandle) -> None:
     info = httpx.get(base + "/server_info").json()
     assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_draft_tokens"] == 4
     assert info["max_running_requests"] == 48 and info["version"] == "0.5.23"
+    # SGLang's scheduler (tp_worker.py): min(context - 1, KV - 1) - 5.
+    assert info["max_req_input_len"] == min(info["context_length"] - 1, info["max_total_num_tokens"] - 1) - 5
     assert 1.0 <= info["internal_states"][0]["avg_spec_accept_length"] <= 4.0
     model = httpx.get(base + "/model_info").json()
     assert model["model_path"] == MODEL and model["is_generation"] is True
