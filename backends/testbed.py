@@ -266,3 +266,15 @@ def start_gateway(
         raise
     gw.url = serving[1]
     return gw
+
+
+@contextmanager
+def gateway_with_config(toml: str, directory: Path) -> Iterator[GatewayProcess]:
+    """`specgate serve --config` of `toml` (written to `directory`), stopped on leaving."""
+    config = directory / "specgate.toml"
+    config.write_text(toml)
+    gw = start_gateway(config=config)
+    try:
+        yield gw
+    finally:
+        gw.stop()

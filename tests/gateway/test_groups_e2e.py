@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.testbed import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess, gateway_with_config
 from tests.gateway.chat_load import closed_loop
 
 pytestmark = pytest.mark.timeout(240)
@@ -38,13 +38,8 @@ time_scale = 0.2
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    config: Path = tmp_path_factory.mktemp("groups") / "groups.toml"
-    config.write_text(CONFIG)
-    gw = start_gateway(config=config)
-    try:
+    with gateway_with_config(CONFIG, tmp_path_factory.mktemp("groups")) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 def group_of(counts: Counter[str]) -> Counter[str]:
@@ -116,10 +111,7 @@ time_scale = 0.2
 
 @pytest.mark.slow
 async def test_eagle_only_and_plain_only_groups_beside_a_co_located_one(tmp_path: Path) -> None:
-    config = tmp_path / "one-mode.toml"
-    config.write_text(ONE_MODE_CONFIG)
-    gw = start_gateway(config=config)
-    try:
+    with gateway_with_config(ONE_MODE_CONFIG, tmp_path) as gw:
         served: Counter[str] = Counter()
         for concurrency, requests in ((1, 6), (8, 48)):
             served += await closed_loop(gw, concurrency, requests, max_tokens=48)
@@ -135,5 +127,3 @@ async def test_eagle_only_and_plain_only_groups_beside_a_co_located_one(tmp_path
             "g0": ["g0-eagle", "g0-plain"], "g1": ["g1-eagle"], "g2": ["g2-plain"],
         }  # fmt: skip
         assert status["inflight"] == 0 and all(b["inflight"] == 0 for b in status["backends"])
-    finally:
-        gw.stop()

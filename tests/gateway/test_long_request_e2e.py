@@ -10,13 +10,12 @@ that holds it. Driven with the real `openai` client; the in-flight counts return
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from backends.testbed import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess, gateway_with_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -35,13 +34,8 @@ PROMPT_WORDS = 120_000  # one token each (the simulator's tokenizer), plus the c
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    config: Path = tmp_path_factory.mktemp("long") / "long.toml"
-    config.write_text(CONFIG)
-    gw = start_gateway(config=config)
-    try:
+    with gateway_with_config(CONFIG, tmp_path_factory.mktemp("long")) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 async def test_a_prompt_longer_than_an_even_split_holds_is_served_by_the_plain_server(gateway: GatewayProcess) -> None:
