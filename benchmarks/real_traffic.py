@@ -1,7 +1,7 @@
 """specgate against every data-parallel baseline, behind the least-in-flight balancer and behind SMG's cache_aware
 policy, on real-traffic workloads in virtual time (issue 28 part 4): docs/benchmarks/real-traffic.md and .json.
 
-    python benchmarks/real_traffic.py [--out docs/benchmarks/real-traffic] [--jobs 2]
+    python benchmarks/real_traffic.py [--out docs/benchmarks/real-traffic] [--jobs 2] [--seed 0]
 
 Cells: profile (field-8gpu K=1, llama8b-h100 K=8, the calibrated h200-llama8b K=8) x workload (shared-prefix,
 multi-turn, a window of the Mooncake conversation trace, random), each open loop at 10, 30, 50, 70 and 90% of
@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +106,11 @@ def level_at(workload: str, rate: float) -> Level:
     return Level(request_rate=rate)
 
 
-def settings_for(workload: str, levels: tuple[Level, ...], requests: int, slo: Slo = Slo()) -> SweepSettings:
-    """The sweep: 128-token prompts and answers where the dataset does not set its own."""
+def settings_for(workload: str, levels: tuple[Level, ...], requests: int, slo: Slo = Slo(), seed: int = 0) -> SweepSettings:
+    """The sweep: 128-token prompts and answers where the dataset does not set its own; `seed` draws the
+    workload's requests and arrivals (the same for every target)."""
     return SweepSettings(levels=levels, requests_per_level=RequestsPerLevel(requests, False, requests),
-                         input_len=128, output_len=128, dataset=dataset(workload), slo=slo, seed=0)
+                         input_len=128, output_len=128, dataset=dataset(workload), slo=slo, seed=seed)
 
 
 def spec(machine: Machine, settings: SweepSettings, bounds: tuple[Bound, ...] = ()) -> EnvelopeSpec:
@@ -118,10 +119,10 @@ def spec(machine: Machine, settings: SweepSettings, bounds: tuple[Bound, ...] = 
                         draws="request", routers=routers(machine))
 
 
-def capacity(machine: Machine, workload: str) -> float:
+def capacity(machine: Machine, workload: str, seed: int = 0) -> float:
     """plain-dp's requests/s on this workload with every request sent at once (behind the balancer)."""
     settings = settings_for(workload, (level_at(workload, 1e6) if workload == "trace" else Level(request_rate=math.inf),),
-                            REQUESTS)
+                            REQUESTS, seed=seed)
     s = spec(machine, settings)
     _, targets = same_hardware_targets(s.profile, s.profile_file, s.hardware, settings, QuietProgress())
     plain = next(t for t in targets if t.name == "plain-dp")
@@ -130,16 +131,16 @@ def capacity(machine: Machine, workload: str) -> float:
     return stats.request_s
 
 
-def cell(machine: Machine, workload: str) -> dict[str, Any]:
+def cell(machine: Machine, workload: str, seed: int = 0) -> dict[str, Any]:
     """One profile x workload: capacity, SLOs, the envelope at every load, its rows and verdict."""
     began = time.perf_counter()
-    cap = capacity(machine, workload)
+    cap = capacity(machine, workload, seed)
     rates = [load * cap for load in LOADS]
-    light = run_envelope(spec(machine, settings_for(workload, (level_at(workload, rates[0]),), 64)))
+    light = run_envelope(spec(machine, settings_for(workload, (level_at(workload, rates[0]),), 64, seed=seed)))
     stats = [t.stats for t in light.levels[0].targets.values()]
     slo = Slo(2.0 * min(s.ttft.p50 for s in stats if s.ttft.p50), 1.5 * min(s.tpot.p50 for s in stats if s.tpot.p50))
     bounds = RANDOM_BOUNDS if workload == "random" else PREFIX_BOUNDS
-    settings = settings_for(workload, tuple(level_at(workload, r) for r in rates), REQUESTS, slo)
+    settings = settings_for(workload, tuple(level_at(workload, r) for r in rates), REQUESTS, slo, seed)
     doc = run_envelope(spec(machine, settings, bounds), command="benchmarks/real_traffic.py")
     return {"machine": machine.label, "workload": workload, "capacity_request_s": cap, "loads": list(LOADS),
             "rates": rates, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms}, "levels": _levels(doc),
@@ -166,9 +167,9 @@ def _levels(doc: ResultsDocument) -> list[dict[str, Any]]:
     return rows
 
 
-def _run(job: tuple[int, str]) -> dict[str, Any]:
-    machine_index, workload = job
-    return cell(MACHINES[machine_index], workload)
+def _run(job: tuple[int, str, int]) -> dict[str, Any]:
+    machine_index, workload, seed = job
+    return cell(MACHINES[machine_index], workload, seed)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -178,8 +179,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--machines", default=",".join(str(i) for i in range(len(MACHINES))),
                         help="indices into MACHINES")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--seed", type=int, default=0, help="draws every workload's requests and arrivals")
     args = parser.parse_args(argv)
-    jobs = [(int(m), w) for m in args.machines.split(",") for w in args.workloads.split(",")]
+    jobs = [(int(m), w, args.seed) for m in args.machines.split(",") for w in args.workloads.split(",")]
     began = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(_run, jobs))

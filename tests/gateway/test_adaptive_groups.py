@@ -279,3 +279,32 @@ def test_the_kv_room_is_learned_from_the_responses_footprint() -> None:
     for _ in range(100):  # the footprint is a moving mean over responses, as the output length is
         policy.observe(Completion("g0-eagle", 512, 0.2, 511 * eagle.at(15), 15.0, 15.0, 180, prompt_tokens=7_680))
     assert policy.choose(burst).backend == "g0-eagle"
+
+
+def test_the_reuse_a_placement_is_priced_for_follows_the_share_of_prompts_found_cached() -> None:
+    policy = trained(1, FIELD_EAGLE, FIELD_PLAIN)
+    assert policy.beliefs()["prefix_reuse"] == 0.0  # prompts that share nothing: a placement serves one request
+    for _ in range(400):  # conversations of four turns: three quarters of each prompt was sent before
+        policy.observe(Completion("g0-plain", 65, 0.2, 0.3, 1.0, 1.0, prompt_tokens=4000, cached_tokens=3000))
+    beliefs = policy.beliefs()
+    assert beliefs["prefix_hit_share"] == pytest.approx(0.75, abs=0.01)
+    assert beliefs["prefix_reuse"] == pytest.approx(3.0, abs=0.2)
+    # Held prompt after prompt, a placement counts for at most four later requests.
+    for _ in range(400):
+        policy.observe(Completion("g0-plain", 65, 0.2, 0.3, 1.0, 1.0, prompt_tokens=4000, cached_tokens=3990))
+    assert policy.beliefs()["prefix_reuse"] == 4.0
+
+
+def test_a_conversation_follows_the_faster_decode_once_its_turns_are_seen_to_build_on_each_other() -> None:
+    # One idle field group; the conversation so far is cached on the plain server. Prefill costs 0.1 ms
+    # a token, so EAGLE would prefill 1,500 tokens in 150 ms, more than its faster decode of 128 tokens
+    # saves on this turn: the plain server keeps it until prompts are seen to extend earlier ones.
+    policy = trained(1, FIELD_EAGLE, FIELD_PLAIN)
+    prompt = Prompt(1600.0, {"g0-plain": 1600.0, "g0-eagle": 100.0}, max_tokens=128)
+    for _ in range(5):
+        policy.observe(Completion("g0-plain", 65, 0.2, 64 * FIELD_PLAIN.at(1), 1.0, 1.0, prompt_tokens=2000))
+    assert policy.choose(groups((0, 0)), prompt=prompt) == Decision("g0-plain", "adaptive_prefix_beside")
+    for _ in range(400):
+        policy.observe(Completion("g0-plain", 65, 0.1, 64 * FIELD_PLAIN.at(1), 1.0, 1.0, prompt_tokens=4000, cached_tokens=3000))
+    assert policy.beliefs()["prefill_seconds_per_token"]["plain"] == pytest.approx(1e-4)
+    assert policy.choose(groups((0, 0)), prompt=prompt).backend == "g0-eagle"

@@ -106,6 +106,20 @@ def test_a_request_is_priced_beside_the_other_modes_requests() -> None:
     assert choose(backends, state) == ("plain-g1", "adaptive_predicted_faster")
 
 
+def test_requests_beside_a_groups_mode_do_not_draw_the_next_one_beside_them() -> None:
+    # Field's group runs plain (two requests) with three EAGLE requests beside it, half done, where this
+    # prompt's prefix lives; plain would prefill 100 ms of it. Priced as lasting, the three EAGLE
+    # requests' steps (31 ms a round) made plain cost 40 ms a token and the prompt went beside them
+    # (42 ms with what it adds to plain's rounds); they last a sixth of its life: 14 ms, and plain
+    # serves it. A prompt whose prefill on plain is 2 s still goes beside.
+    backends = [eagle(inflight=3, remaining=0.5), plain(inflight=2)]
+    state = {"g0": GroupState(5.0, False)}
+    held = PromptCost({"eagle-g0": 0.0, "plain-g0": 100.0}, output_tokens=128)
+    assert choose(backends, state, held) == ("plain-g0", "adaptive_predicted_faster")
+    long = PromptCost({"eagle-g0": 0.0, "plain-g0": 2000.0}, output_tokens=128)
+    assert choose(backends, state, long) == ("eagle-g0", "adaptive_prefix_beside")
+
+
 def test_a_mixed_group_sends_to_the_mode_of_its_load() -> None:
     assert choose([eagle(inflight=1), plain(inflight=3)]) == ("plain-g0", "adaptive_predicted_faster")
 
@@ -240,3 +254,24 @@ def test_a_request_goes_where_it_would_not_wait_for_kv_room() -> None:
     roomy = backend(False, "g1", 7, line=FIELD_P, room=64.0)
     assert choose([full, roomy]) == ("plain-g1", "adaptive_predicted_faster")
     assert choose([replace(full, room=None), roomy]) == ("plain-g0", "adaptive_predicted_faster")
+
+
+def test_a_conversation_moves_to_the_faster_decode_when_its_next_turns_repay_the_prefill() -> None:
+    # An idle field group; the conversation so far is cached on the plain server, and EAGLE would
+    # prefill 150 ms of it. EAGLE decodes 128 tokens about 134 ms faster: this turn alone does not
+    # repay the prefill, this turn and the next three (that build on it where it goes) do.
+    held = {"eagle-g0": 150.0, "plain-g0": 0.0}
+    assert choose([eagle(), plain()], prompt=PromptCost(held, output_tokens=128)) == ("plain-g0", "adaptive_prefix_beside")
+    assert choose([eagle(), plain()], prompt=PromptCost(held, output_tokens=128, reuse=3.0)) == ("eagle-g0", "adaptive_predicted_faster")
+
+
+def test_a_prefill_is_charged_for_the_requests_it_stalls() -> None:
+    # g0, plain with five, holds most of a prompt with a 2-token answer: 10 ms of prefill there, 30 on the
+    # idle g1. Alone it would cost less on g0 (10 + 2 x 12.3 against 30 + 2 x 4.8), but it stalls
+    # g0's five requests for as long: g1 serves it.
+    backends = [eagle("g0"), plain("g0", 5), eagle("g1"), plain("g1")]
+    cost = PromptCost({"eagle-g0": 30.0, "plain-g0": 10.0, "eagle-g1": 30.0, "plain-g1": 30.0}, output_tokens=2)
+    assert choose(backends, prompt=cost)[0] == "eagle-g1"
+    # Where g0 is idle the same hold wins.
+    idle = [eagle("g0"), plain("g0"), eagle("g1"), plain("g1", 5)]
+    assert choose(idle, prompt=cost) == ("plain-g0", "adaptive_prefix_beside")

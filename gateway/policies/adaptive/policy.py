@@ -72,6 +72,9 @@ PROBE_BACKOFF_LIMIT = 16
 PROBE_MAX_LOAD = 2.0
 # Weight of each response in the mean output length and the prefill cost per token.
 OUTPUT_RATE = 0.05
+# The most later requests a placement is priced for (`PromptCost.reuse`): the load a decision sees holds
+# for about as many lives as a group's mode switch is weighed over.
+REUSE_HORIZON = 4.0
 # A response teaches the prefill cost only when it had at least this many prompt tokens to prefill:
 # shorter, its time to first token is mostly the step it joined, not its prompt.
 PREFILL_MIN_TOKENS = 256
@@ -119,6 +122,7 @@ class AdaptivePolicy(Policy):
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
         self._footprint: float | None = None  # KV tokens a request holds: mean uncached prompt + output
+        self._hit_share = 0.0  # mean share of a prompt its backend had cached
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._live: Callable[[], PoolSnapshot] | None = None
@@ -250,6 +254,9 @@ class AdaptivePolicy(Policy):
         """The mean output, and per kind the time to first token per prompt token it had to prefill, from
         responses with a long uncached prompt (their TTFT is mostly prefill, queueing for it included)."""
         self._mean_output += OUTPUT_RATE * (completion.output_tokens - self._mean_output)
+        if completion.prompt_tokens > 0:
+            share = min(completion.cached_tokens / completion.prompt_tokens, 1.0)
+            self._hit_share += OUTPUT_RATE * (share - self._hit_share)
         uncached = completion.prompt_tokens - completion.cached_tokens
         # Uncached: a prefix other requests share is held once (an own earlier turn's is not, and is
         # missed: the room is then overestimated, which errs towards pricing no wait at all).
@@ -276,7 +283,9 @@ class AdaptivePolicy(Policy):
         return self.lane.describe()
 
     def beliefs(self) -> dict[str, Any]:
-        """Fitted lines, predicted TPOT for one more request at the current load, per-group beliefs, the crossover."""
+        """Fitted lines, predicted TPOT for one more request at the current load, the prompt costs the prefix
+        rule prices (prefill per token by kind, the share of prompts found cached and the reuse it
+        implies), per-group beliefs, the crossover."""
         snapshot = self._live() if self._live is not None else None
         views = {b.name: b for b in snapshot.backends} if snapshot else {}
         predicted = {}
@@ -288,6 +297,9 @@ class AdaptivePolicy(Policy):
         beliefs: dict[str, Any] = {
             "predicted_tpot_seconds": predicted,
             "backends": {name: arm.describe() for name, arm in self._arms.items()},
+            "prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._prefill.items()},
+            "prefix_hit_share": self._hit_share,
+            "prefix_reuse": self._reuse(),
         }
         if snapshot is not None:
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
@@ -451,7 +463,13 @@ class AdaptivePolicy(Policy):
         cost = max(self._prefill.values())  # a kind not yet measured: as dear as the dearest
         prefill = {v.name: prompt.uncached(v.name) * self._prefill.get(v.speculative, cost) for v in available}
         output = float(prompt.max_tokens) if prompt.max_tokens is not None else self._mean_output
-        return PromptCost(prefill, max(output, 1.0))
+        return PromptCost(prefill, max(output, 1.0), self._reuse())
+
+    def _reuse(self) -> float:
+        """Later requests expected to build on one request's prefix: with a share h of every prompt found
+        cached, a prefix is reused h / (1 - h) times on average (up to `REUSE_HORIZON`)."""
+        held = self._hit_share
+        return REUSE_HORIZON if held >= REUSE_HORIZON / (1.0 + REUSE_HORIZON) else held / (1.0 - held)
 
     def _group_loads(self, snapshot: PoolSnapshot) -> tuple[float, float]:
         """The load each group is expected to carry over the next request life, and the load each has

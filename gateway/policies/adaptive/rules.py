@@ -86,6 +86,10 @@ class PromptCost:
 
     prefill: Mapping[str, float]
     output_tokens: float
+    # Later requests expected to build on this one's prefix where it goes (a conversation's next turns,
+    # a shared prompt's next users): each decodes where this one is cached, so a decode faster by a
+    # little pays back a prefill once, over them all.
+    reuse: float = 0.0
 
 
 def choose(
@@ -120,14 +124,20 @@ def choose(
     # The prefix lives somewhere: the other server of its group is a candidate as well (priced beside
     # the group's requests, it rarely pays for more than a long prompt with a short answer).
     holders = [b for b in available if b.open and b not in (o.backend for o in options) and prompt.prefill.get(b.name, 0.0) < max(prompt.prefill.values(), default=0.0)]
-    candidates = options + [_beside(b, by_group[b.group]) for b in holders]
+    # Against a server beside its group's mode, the mode's own server is priced with the other's steps
+    # only while its requests last: they are beside requests or a switch's strays, and end; priced as
+    # lasting, they made the mode's server look slow and drew the next request beside them too.
+    own = [replace(o, predicted=_joined_tpot(o.backend, by_group[o.backend.group], drain=True)) if len(by_group[o.backend.group]) > 1 else o for o in options]
+    candidates = own + [_beside(b, by_group[b.group]) for b in holders]
 
     def cost(o: _Option) -> tuple[float, int, str]:
-        seconds = prompt.prefill.get(o.backend.name, 0.0) + (o.predicted + o.harm) * prompt.output_tokens
+        # A prefill stalls the group's running requests as long as it delays this one's first token.
+        prefill = prompt.prefill.get(o.backend.name, 0.0) * (1.0 + o.load)
+        seconds = prefill + (o.predicted + o.harm) * prompt.output_tokens * (1.0 + prompt.reuse)
         return seconds, o.load, o.backend.name
 
     cheapest = min(candidates, key=cost)
-    if cheapest is best or cheapest.reason == "adaptive_prefix_beside":
+    if cheapest.backend is best.backend or cheapest.reason == "adaptive_prefix_beside":
         return cheapest.backend.name, cheapest.reason
     return cheapest.backend.name, "adaptive_prefix"
 
@@ -216,13 +226,25 @@ def _group_option(members: list[BackendState], state: GroupState) -> _Option | N
     return _Option(pick, reason, _joined_tpot(pick, members), total)
 
 
-def _joined_tpot(pick: BackendState, members: list[BackendState]) -> float:
+def _joined_tpot(pick: BackendState, members: list[BackendState], *, drain: bool = False) -> float:
     """The TPOT a request joining `pick` would see: co-located servers take turns on the GPU, so a round
     is `pick`'s step with it plus the step of every other server of the group that has requests (and it
-    waits its turn for KV room where `pick` has none left)."""
+    waits its turn for KV room where `pick` has none left).
+
+    With `drain`, the other servers' requests are known to end (beside `pick`'s mode, or stranded by a
+    switch) and each one's step counts only for the share of this request's life it lasts (its
+    requests' remaining output, in its rounds against `pick`'s); without, for all of it."""
     joined = pick.inflight + 1
-    round_time = _step(pick, joined) + sum(_step(b, b.inflight) for b in members if b is not pick)
-    return round_time / pick.tau * _stretch(pick, joined)
+    others = sum(_step(b, b.inflight) * (_overlap(b, pick) if drain else 1.0) for b in members if b is not pick)
+    return (_step(pick, joined) + others) / pick.tau * _stretch(pick, joined)
+
+
+def _overlap(draining: BackendState, pick: BackendState) -> float:
+    """The share of a new request's life on `pick` that `draining`'s in-flight requests still decode
+    (unknown remaining output: the whole life)."""
+    if draining.remaining <= 0.0:
+        return 1.0
+    return min(draining.remaining * pick.tau / draining.tau, 1.0)
 
 
 def _worth_switching(old: BackendState, new: BackendState, load: float) -> bool:
