@@ -12,9 +12,11 @@ import re
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 
 from backends.testbed import GatewayProcess, start_gateway
+from gateway.policies.adaptive.policy import OUTPUT_RATE, REUSE_HORIZON
 from tests.gateway.chat_load import closed_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -57,6 +59,40 @@ async def test_learns_the_crossover_and_routes_by_it(gateway: GatewayProcess) ->
     assert "adaptive_predicted_faster" in reasons
     known = {"adaptive_predicted_faster", "adaptive_explore", "adaptive_prior", "adaptive_cap", "adaptive_group_switch", "adaptive_group_stay"}
     assert reasons <= known, reasons
+
+
+async def test_learns_from_reported_cached_tokens_how_far_prompts_build_on_each_other(gateway: GatewayProcess) -> None:
+    """A conversation whose turns re-send its history: each turn's reported `cached_tokens` reach the
+    policy, which learns the prefill cost and the reuse its prefix routing prices (docs/adaptive.md, rule 4)."""
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        before = (await http.get("/admin/status")).json()["policy"]["beliefs"]
+        api = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        model = (await api.models.list()).data[0].id
+        messages = [{"role": "system", "content": "You answer in one careful line. " * 120}, {"role": "user", "content": "Hi."}]
+        shares = []
+        for _ in range(6):  # streamed: a stream's decode window is what the policy learns from
+            stream = await api.chat.completions.create(
+                model=model, messages=messages, max_tokens=8, stream=True, stream_options={"include_usage": True},  # type: ignore[arg-type]
+                extra_headers={"x-specgate-route": "plain"},
+            )
+            chunks = [chunk async for chunk in stream]
+            usage = chunks[-1].usage
+            assert usage is not None and usage.prompt_tokens_details is not None
+            shares.append((usage.prompt_tokens_details.cached_tokens or 0) / usage.prompt_tokens)
+            answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "More."}]
+        await api.close()
+        after = (await http.get("/admin/status")).json()["policy"]["beliefs"]
+    # The closed loops' one repeated prompt was found cached; this conversation's first turn was not,
+    # each later one almost all.
+    assert before["prefix_hit_share"] > 0.5 and shares[0] < 0.1 and min(shares[1:]) > 0.9, (before, shares)
+    expected = before["prefix_hit_share"]
+    for share in shares:
+        expected += OUTPUT_RATE * (share - expected)
+    assert after["prefix_hit_share"] == pytest.approx(expected, abs=1e-6)
+    held = after["prefix_hit_share"]
+    assert after["prefix_reuse"] == pytest.approx(min(held / (1.0 - held), REUSE_HORIZON))
+    assert after["prefill_seconds_per_token"]["plain"] > 0.0  # from the first turn's long uncached prompt
 
 
 def _rise(points: list[list[float]]) -> float:

@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,17 +87,19 @@ def _unique_name(prefix: str) -> str:
 
 
 @contextmanager
-def running(image: str, repo: Path, logs: Path) -> Iterator[Container]:
-    """The image serving deploy/compose/specgate-sim.toml, each port published on a free loopback port.
+def running(image: str, repo: Path, logs: Path, env: Mapping[str, str] | None = None) -> Iterator[Container]:
+    """The image serving deploy/compose/specgate-sim.toml (`env`: settings over it, as SPECGATE_* variables),
+    each port published on a free loopback port.
 
     Removed on exit whatever state it is in; its log is copied to `logs` first.
     """
     name = _unique_name("specgate-ci")
     ports = {role: free_loopback_port() for role in CONTAINER_PORTS}
     publish = [f"--publish=127.0.0.1:{ports[role]}:{port}" for role, port in CONTAINER_PORTS.items()]
+    variables = [f"--env={key}={value}" for key, value in (env or {}).items()]
     try:
         podman(
-            "run", "--detach", f"--name={name}", *RUNTIME, *ULIMITS, *publish,
+            "run", "--detach", f"--name={name}", *RUNTIME, *ULIMITS, *publish, *variables,
             f"--volume={repo / SIM_CONFIG}:/etc/specgate/specgate.toml:ro", image,
         )  # fmt: skip
         yield Container(name, {role: f"http://127.0.0.1:{port}" for role, port in ports.items()})

@@ -97,15 +97,19 @@ def test_health_check_passes(serving: Container, gateway_image: Built) -> None:
 
 
 def test_stop_drains_streams_in_flight(gateway_image: Built, repo: Path, tmp_path: Path) -> None:
-    with running(gateway_image.tag, repo, tmp_path / "container.log") as container:
+    # Each stream lasts about 30 s (2,000 tokens, about 15 ms each at 8 in flight on field-8gpu), far
+    # longer than SIGTERM takes to reach the gateway on a loaded machine (200 tokens, about 3 s, once
+    # ended first); the drain waits up to 150 s for them.
+    drain = {"SPECGATE_SERVER__DRAIN_TIMEOUT": "150"}
+    with running(gateway_image.tag, repo, tmp_path / "container.log", drain) as container:
         _ready(container)
         streams = 8
         started = threading.Barrier(streams + 1, timeout=60)
         ends: list[list[str]] = [[] for _ in range(streams)]
 
         def stream(i: int) -> None:
-            body = {"model": "sim-model", "messages": HI, "max_tokens": 200, "stream": True}
-            with httpx.stream("POST", f"{container.urls['gateway']}/v1/chat/completions", json=body, timeout=120) as r:
+            body = {"model": "sim-model", "messages": HI, "max_tokens": 2000, "stream": True}
+            with httpx.stream("POST", f"{container.urls['gateway']}/v1/chat/completions", json=body, timeout=240) as r:
                 lines = (line for line in r.iter_lines() if line.startswith("data: "))
                 ends[i].append(next(lines))
                 started.wait()
@@ -115,7 +119,7 @@ def test_stop_drains_streams_in_flight(gateway_image: Built, repo: Path, tmp_pat
         for thread in threads:
             thread.start()
         started.wait()  # every stream has its first token: all are in flight
-        stopper = threading.Thread(target=podman, args=("stop", "--time=60", container.name))
+        stopper = threading.Thread(target=podman, args=("stop", "--time=180", container.name), kwargs={"timeout": 200})
         stopper.start()
         gateway = container.urls["gateway"]
         # SIGTERM reached the gateway: it refuses new work and reports draining, the streams still run.
@@ -123,7 +127,7 @@ def test_stop_drains_streams_in_flight(gateway_image: Built, repo: Path, tmp_pat
         seen = [len(lines) for lines in ends]
         refused = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "sim-model", "messages": HI}, timeout=30)
         assert refused.status_code == 503 and set(refused.json()["error"]) >= {"message", "type", "code"}
-        stopper.join(timeout=90)
+        stopper.join(timeout=200)
         for thread in threads:
             thread.join(timeout=60)
         state = inspect("container", container.name)["State"]
