@@ -23,8 +23,8 @@ from backends.sim.steps import StepModel
 class RequestDraws(StepModel):
     """A `StepModel` whose drafting steps give each request the next value of its own sequence."""
 
-    def __init__(self, table: RoleProfile, seed: int) -> None:
-        super().__init__(table, seed)
+    def __init__(self, table: RoleProfile, seed: int, target: RoleProfile | None = None) -> None:
+        super().__init__(table, seed, target)
         self._seed = seed
         self._sequences: dict[str, list[int]] = {}
 

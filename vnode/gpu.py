@@ -4,8 +4,9 @@ A `Gpu` is one group's timeline: its servers' engine cores (`backends.sim.core.E
 real-time simulator's own) take turns on it as the real-time `Engine`s do under the `Timeline`'s
 first-come first-served lock. A server with work asks for the GPU; when a step ends its server
 applies it, gives the GPU to the next server waiting (or takes it again, behind them), and only
-then are its tokens delivered. So a server plans its next step before any client reacts to the
-last one, as the real-time loop does, and a request that arrives during a step joins the next one.
+then are its tokens delivered (a drafting server's joiners have their first token within the step:
+see `backends.sim.core`). So a server plans its next step before any client reacts to the last one,
+as the real-time loop does, and a request that arrives during a step joins the next one.
 An idle server's first arrival starts a step at once: requests sent at one instant reach a real
 server one after another, and the real-time loop starts stepping at the first.
 """
@@ -48,7 +49,13 @@ class Gpu:
             return
         self.busy = True
         start = self.events.now
+        if plan.early_first_token:
+            self.events.at(start + plan.first_token_ms / 1000.0, STEP_END, self._first_tokens, server, plan)
         self.events.at(start + plan.duration_ms / 1000.0, STEP_END, self._end, server, plan, start)
+
+    def _first_tokens(self, server: Server, plan: StepPlan) -> None:
+        now = self.events.now
+        server.deliver(server.core.first_tokens(plan, now), now)
 
     def _end(self, server: Server, plan: StepPlan, start: float) -> None:
         now = self.events.now

@@ -86,7 +86,7 @@ class TargetSpec:
             core = engine_core(self.sim, profile, slot, index, text)
             cores.append(core)
             if draws == "request":
-                core.steps = RequestDraws(core.table, self.sim.seed)
+                core.steps = RequestDraws(core.table, self.sim.seed, core.steps.target)
             node.add_server(Server(name, core, gpu, node.deliver))
         if isinstance(router, GatewayRouter):
             router.engines_loaded([core.table.max_total_tokens for core in cores])

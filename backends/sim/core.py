@@ -2,7 +2,8 @@
 
 Nothing here reads a clock or awaits: times are arguments, so the real-time `Engine` and a
 virtual-time model drive the same class step by step (co-located servers: one core each, their
-steps serialized on the caller's timeline). A step is `plan_step()` then `finish_step(plan, start, end)`.
+steps serialized on the caller's timeline). A step is `plan_step()`, then `first_tokens(plan, at)` when
+`plan.early_first_token`, then `finish_step(plan, start, end)`.
 
 Admission, at the start of a step, in FIFO order: a request joins while the batch is below
 `max_running_requests`, the step's uncached prompt tokens stay within `max_prefill_tokens` (at least
@@ -10,8 +11,11 @@ one request joins), and its KV fits (`KVCache.admit`: uncached prompt plus `max_
 until it leaves; no retraction). It reuses the longest cached prefix of its prompt, at most all but
 the last token (SGLang's `_compute_max_prefix_len`). A step with B running requests takes the role's
 step time at B plus `prefill_ms_per_token` times its joiners' uncached tokens (ms, time scale 1).
-At its end joiners gain their first token, decoders 1 or a seeded draw with mean tau; a request
-that ends puts its tokens in the prefix cache. A request that could never fit is refused up front.
+At its end decoders gain 1 token or a seeded draw with mean tau, and joiners their first token; on
+a drafting server joiners have it sooner, after their prefill and one step of the target model
+(`StepModel.first_token_ms`): the driver calls `first_tokens(plan, at)` then, and the joiners do not
+decode in that step. A request that ends puts its tokens in the prefix cache. A request that could
+never fit is refused up front.
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ class StepPlan:
     prefill_tokens: int  # the joiners' uncached prompt tokens
     cached_tokens: int  # the joiners' prompt tokens served from the prefix cache
     duration_ms: float  # modelled, at time scale 1
+    first_token_ms: float  # when, from its start, the joiners have their first token (at most duration_ms)
+
+    @property
+    def early_first_token(self) -> bool:
+        """Whether the joiners' first token comes before the step's end (`EngineCore.first_tokens`)."""
+        return bool(self.joined) and self.first_token_ms < self.duration_ms
 
     @property
     def decoding(self) -> int:
@@ -181,49 +191,76 @@ class EngineCore:
         batch = len(self.running)
         if batch == 0:
             return None
-        return StepPlan(batch, tuple(joined), prefill, cached, self.steps.duration_ms(batch, prefill))
+        steps = self.steps
+        return StepPlan(
+            batch, tuple(joined), prefill, cached, steps.duration_ms(batch, prefill), steps.first_token_ms(batch, prefill)
+        )
+
+    def first_tokens(self, plan: StepPlan, at: float) -> list[SimRequest]:
+        """Give `plan`'s joiners their first token at `at`, before the step ends (`plan.early_first_token`);
+        returns them, those it ended included. They gain nothing more in this step."""
+        changed: list[SimRequest] = []
+        for req in plan.joined:
+            if self.running.get(req.rid) is req:  # not aborted since the step began
+                self._first_token(req, at)
+                changed.append(req)
+        return changed
 
     def finish_step(self, plan: StepPlan, start: float, end: float) -> list[SimRequest]:
-        """End `plan`'s step at `end`: every running request gains its tokens; returns them, finished ones included."""
+        """End `plan`'s step at `end`: every running request gains its tokens; returns them, finished ones included.
+
+        Joiners gain their first token here unless `first_tokens` gave it to them already."""
         self.num_steps += 1
         self.last_batch = plan.batch
         self.prefill_tokens_total += plan.prefill_tokens
         self.prefill_busy_seconds += self.table.prefill_ms_per_token * plan.prefill_tokens / 1000.0
         self._log_cache_hits(plan)
-        draws = self.steps.draw(plan.batch, plan.decoding, self.running.values())
+        stepped = list(self.running.values())
+        tokens = 0
+        if plan.early_first_token:
+            early = {req.rid for req in plan.joined}
+            stepped = [req for req in stepped if req.rid not in early]
+            tokens = len(plan.joined)
+        draws = self.steps.draw(plan.batch, plan.decoding, stepped)
         observer = self.observer
-        changed: list[SimRequest] = []
-        tokens = decode_tokens = 0
-        i = 0
-        for req in list(self.running.values()):
+        decode_tokens = i = 0
+        for req in stepped:
             if req.produced == 0:
-                gained = 1  # the joining step's prefill yields the first token
-                req.first_token_at = end
-                if observer is not None:
-                    observer.first_token(req, end)
-            else:
-                gained = draws[i] if draws is not None else 1
-                i += 1
-                req.verify_steps += 1
-                if observer is not None:
-                    observer.tokens(req, gained, end - req.last_token_at)
-            gained = min(gained, req.max_new_tokens - req.produced)
-            if req.produced:
-                decode_tokens += gained
-            req.produced += gained
-            req.last_token_at = end
+                self._first_token(req, end)
+                tokens += 1
+                continue
+            gained = draws[i] if draws is not None else 1
+            i += 1
+            req.verify_steps += 1
+            if observer is not None:
+                observer.tokens(req, gained, end - req.last_token_at)
+            gained = self._gain(req, gained, end)
+            decode_tokens += gained
             tokens += gained
-            changed.append(req)
-            if req.stop and self._hit_stop(req, gained):
-                self._leave(req, "stop", end)
-            elif req.produced >= req.max_new_tokens:
-                if req.natural_stop is not None:
-                    req.matched_stop = req.natural_stop
-                    self._leave(req, "stop", end)
-                else:
-                    self._leave(req, "length", end)
         self._recent.append(_StepRecord(start, end, tokens, decode_tokens, plan.decoding))
-        return changed
+        return stepped
+
+    def _first_token(self, req: SimRequest, at: float) -> None:
+        """The joining step's prefill yields `req`'s first token at `at`."""
+        req.first_token_at = at
+        if self.observer is not None:
+            self.observer.first_token(req, at)
+        self._gain(req, 1, at)
+
+    def _gain(self, req: SimRequest, gained: int, at: float) -> int:
+        """`req` gains up to `gained` tokens at `at` and leaves if they end it; how many it gained."""
+        gained = min(gained, req.max_new_tokens - req.produced)
+        req.produced += gained
+        req.last_token_at = at
+        if req.stop and self._hit_stop(req, gained):
+            self._leave(req, "stop", at)
+        elif req.produced >= req.max_new_tokens:
+            if req.natural_stop is not None:
+                req.matched_stop = req.natural_stop
+                self._leave(req, "stop", at)
+            else:
+                self._leave(req, "length", at)
+        return gained
 
     def _log_cache_hits(self, plan: StepPlan) -> None:
         """SGLang's `cache_hit_rate`: set by each prefill batch, zeroed by the decode log."""

@@ -2,7 +2,8 @@
 
 The core decides what runs (see `backends.sim.core`); this loop books each step on the shared
 `Timeline` for the core's modelled duration times the time scale, sleeps until its end, then lets
-the core apply the step and wakes the responses whose requests gained tokens or ended. Steps run
+the core apply the step and wakes the responses whose requests gained tokens or ended (and, on a
+drafting server, first wakes its joiners at their first token, within the step). Steps run
 on absolute deadlines; how late the loop delivered each step against its modelled end is
 accumulated as the schedule slip, the simulator's own fidelity check. It also keeps what is not the
 scheduler's: request ids in use, recently ended requests, faults (held-back requests, a frozen GPU).
@@ -144,19 +145,27 @@ class Engine:
                 if plan is None:
                     continue
                 start, end = self.timeline.reserve(ready_at, plan.duration_ms * self.time_scale / 1000.0)
+                if plan.early_first_token:
+                    first = start + plan.first_token_ms * self.time_scale / 1000.0
+                    await _sleep_until(first)
+                    self._notify(core.first_tokens(plan, first))
                 await _sleep_until(end)
             self.last_lag_seconds = max(clock() - end, 0.0)
             self.slip_seconds += self.last_lag_seconds
-            for req in core.finish_step(plan, start, end):
-                if req.done:
-                    self._retire(req)
-                elif req.is_streaming:
-                    req.event.set()
+            self._notify(core.finish_step(plan, start, end))
             waiters, self._step_waiters = self._step_waiters, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
             ready_at = end
+
+    def _notify(self, changed: list[SimRequest]) -> None:
+        """Wake the responses of requests that gained tokens; retire those that ended."""
+        for req in changed:
+            if req.done:
+                self._retire(req)
+            elif req.is_streaming:
+                req.event.set()
 
     def _retire(self, req: SimRequest) -> None:
         """A request the core ended: out of the live ids, into the history, its response woken."""

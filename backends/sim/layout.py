@@ -80,6 +80,7 @@ def engine_core(settings: SimSettings, profile: Profile, slot: ServerSlot, index
 
     Its role's table with the slot's KV room and the running cap the settings give, acceptance
     draws seeded `seed * 1000 + index`, the process's output text, its prefix cache unless disabled.
+    A drafting server's prefill runs its target model, whose step is the plain role's (`StepModel`).
     """
     table = profile.role(slot.role).model_copy(update={"max_total_tokens": slot.max_total_tokens})
     cap = settings.running_cap(slot.role)
@@ -87,7 +88,7 @@ def engine_core(settings: SimSettings, profile: Profile, slot: ServerSlot, index
         table = table.model_copy(update={"max_running_requests": cap})
     return EngineCore(
         table,
-        StepModel(table, seed=settings.seed * 1000 + index),
+        StepModel(table, seed=settings.seed * 1000 + index, target=profile.plain if table.speculative else None),
         text,
         max_prefill_tokens=profile.max_prefill_tokens,
         radix_cache=not settings.disable_radix_cache,

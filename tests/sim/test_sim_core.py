@@ -215,3 +215,47 @@ def test_waiting_uncached_tokens_count_what_the_cache_would_not_serve() -> None:
     core.enqueue(request(tokens(0, 60) + tokens(600, 40)))
     core.enqueue(request(tokens(3000, 30)))
     assert core.waiting_uncached_tokens() == 40 + 30
+
+
+def drafting_core(**overrides: Any) -> EngineCore:
+    """An EAGLE-like core (5 ms + 1 ms per request a step, tau 2) whose target steps 2 ms + 0.5 ms per request."""
+    t = table(t0_ms=5.0, per_request_ms=1.0, tau=2.0, num_draft_tokens=3, **overrides)
+    target = table(t0_ms=2.0, per_request_ms=0.5)
+    return EngineCore(t, StepModel(t, seed=0, target=target), TEXT, max_prefill_tokens=16384)
+
+
+def test_a_drafting_servers_joiners_have_their_first_token_after_their_prefill_and_one_target_step() -> None:
+    core = drafting_core()
+    decoder = request(tokens(0, 10), max_new=50)
+    core.enqueue(decoder)
+    _, now = step(core, 0.0)  # its joining step: it decodes from the next one
+    joiner, short = request(tokens(1000, 10), max_new=50), request(tokens(2000, 10), max_new=1)
+    core.enqueue(joiner)
+    core.enqueue(short)
+    plan = core.plan_step()
+    assert plan is not None and plan.joined == (joiner, short) and plan.decoding == 1
+    # Batch 3: the drafting step 5 + 3 ms, the target step 2 + 1.5 ms, and 20 tokens of prefill at 0.5 ms.
+    assert plan.duration_ms == pytest.approx(8.0 + 10.0)
+    assert plan.first_token_ms == pytest.approx(3.5 + 10.0) and plan.early_first_token
+    first = now + plan.first_token_ms / 1000.0
+    before = decoder.produced
+    assert core.first_tokens(plan, first) == [joiner, short]
+    assert joiner.produced == 1 and joiner.first_token_at == first and decoder.produced == before
+    # A one-token request is done at its first token: out of the batch, its KV released, before the step ends.
+    assert short.done and short.rid not in core.running and core.reserved_tokens() == (10 + 50) * 2
+    end = now + plan.duration_ms / 1000.0
+    assert core.finish_step(plan, now, end) == [decoder]  # the joiner drafts from the next step on
+    assert decoder.produced > before and joiner.produced == 1 and joiner.verify_steps == 0
+    assert joiner.last_token_at == first
+
+
+def test_a_plain_servers_joiners_have_their_first_token_at_the_steps_end() -> None:
+    core = core_of()
+    core.enqueue(request(tokens(0, 10)))
+    plan = core.plan_step()
+    assert plan is not None and plan.first_token_ms == plan.duration_ms and not plan.early_first_token
+    without_target = drafting_core()
+    bare = EngineCore(without_target.table, StepModel(without_target.table, seed=0), TEXT, max_prefill_tokens=16384)
+    bare.enqueue(request(tokens(0, 10)))
+    plan = bare.plan_step()
+    assert plan is not None and not plan.early_first_token  # a drafting table alone: calibration.md's charge

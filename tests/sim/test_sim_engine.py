@@ -47,9 +47,11 @@ EngineMaker = Callable[..., Engine]
 async def make_engine() -> AsyncIterator[EngineMaker]:
     tasks: list[asyncio.Task[None]] = []
 
-    def make(timeline: Timeline | None = None, max_prefill_tokens: int = 16384, **overrides: Any) -> Engine:
+    def make(
+        timeline: Timeline | None = None, max_prefill_tokens: int = 16384, target: RoleProfile | None = None, **overrides: Any
+    ) -> Engine:
         t = table(**overrides)
-        core = EngineCore(t, StepModel(t, seed=0), PseudoText(0), max_prefill_tokens=max_prefill_tokens)
+        core = EngineCore(t, StepModel(t, seed=0, target=target), PseudoText(0), max_prefill_tokens=max_prefill_tokens)
         engine = Engine(core, timeline or Timeline(), time_scale=1.0)
         tasks.append(asyncio.create_task(engine.run()))
         return engine
@@ -198,6 +200,18 @@ async def test_engines_sharing_a_timeline_take_turns(make_engine: EngineMaker) -
     await asyncio.sleep(0.4)
     assert a.core.num_steps + b.core.num_steps == pytest.approx(alone.core.num_steps, rel=0.2)
     assert a.core.num_steps == pytest.approx(b.core.num_steps, rel=0.2)  # the lock is fair
+
+
+async def test_a_drafting_servers_joiner_streams_its_first_token_within_its_joining_step(make_engine: EngineMaker) -> None:
+    # A 200 ms drafting step whose target steps 2 ms: the first token is woken long before the step ends.
+    engine = make_engine(t0_ms=200.0, tau=2.0, num_draft_tokens=3, target=table(t0_ms=2.0))
+    req = request(max_new=5)
+    engine.submit(req)
+    await asyncio.wait_for(req.event.wait(), 5.0)
+    assert req.produced == 1 and engine.core.num_steps == 0  # the joining step has not ended
+    assert req.first_token_at is not None and engine.timeline.free_at - req.first_token_at == pytest.approx(0.198)
+    await finished(req)
+    assert req.produced == 5 and req.verify_steps >= 2
 
 
 async def test_freeze_stalls_and_thaw_resumes(make_engine: EngineMaker) -> None:

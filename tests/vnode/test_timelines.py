@@ -40,6 +40,21 @@ def test_one_request_alone_pays_its_prefill_in_its_first_step_then_one_step_per_
     assert record.answer == node.text.text(node.text.start_for(Request.of("r", RequestSpec(WORDS, 20, 5)).prompt_key), 0, 5)
 
 
+def test_on_an_eagle_server_the_first_token_needs_the_prefill_and_one_target_step(round_profile: Path) -> None:
+    node = node_of(replicas("eagle", 1, round_profile))
+    done = send(node, RequestSpec(WORDS, 20, output_len=9))  # 1 + 4 + 4 tokens: three steps
+    node.events.run()
+    (record,) = done
+    prefill = 27 * 0.01
+    # SGLang's prefill batch on an EAGLE server: the target's forward, then the draft's extend; no verify
+    # round comes before the first token. The joining step still lasts its EAGLE step plus the prefill,
+    # and the request drafts from the next step on.
+    first = 2.0 + 0.5 + prefill
+    joined = 3.0 + 1.0 + prefill
+    assert record.ttft == pytest.approx(first * MS)
+    assert record.chunk_times == pytest.approx([first * MS, (joined + 4.0) * MS, (joined + 8.0) * MS])
+
+
 class Fixed:
     """Sends the n-th request to server `order[n]`."""
 
@@ -68,7 +83,8 @@ def test_two_colocated_servers_take_turns_on_their_gpu(round_profile: Path) -> N
     plain2 = eagle2 + 2.5
     eagle3 = plain2 + 4.0
     plain3 = eagle3 + 2.5
-    assert on_eagle[0].chunk_times == pytest.approx([eagle1 * MS, eagle2 * MS, eagle3 * MS])
+    first = 2.0 + 0.5 + prefill  # within the EAGLE server's first step: its prefill and one target (plain) step
+    assert on_eagle[0].chunk_times == pytest.approx([first * MS, eagle2 * MS, eagle3 * MS])
     assert on_plain[0].chunk_times == pytest.approx([plain1 * MS, plain2 * MS, plain3 * MS])
     assert [len(t.split()) for t in on_eagle[0].chunk_texts] == [1, 4, 4]
 
