@@ -8,7 +8,8 @@ step (`--drafts` draft passes of a one-layer head, a verify of drafts+1 tokens p
 extend) of a random-weight model shaped by the config.json, with a KV context of `--context` tokens.
 On a CUDA GPU each step is captured in a CUDA graph and timed with device events over many replays
 (median); without one it runs eagerly on the CPU and is timed with the host clock. A prefill of two
-prompt lengths gives the prefill cost per token. Writes `<name>.json` (every measurement, the
+prompt lengths gives the prefill cost per token, on a plain server and on an EAGLE one (whose prefill
+batch adds the draft's extend over the prompt). Writes `<name>.json` (every measurement, the
 device and the command) and `<name>.toml` (a profile with `step_ms` tables).
 
 Only PyTorch and the standard library are needed, so it runs on a bare GPU machine.
@@ -113,15 +114,22 @@ def measure_steps(decoder: Decoder, batches: tuple[int, ...], drafts: int, timer
     return points
 
 
-def measure_prefill(decoder: Decoder, lengths: tuple[int, int], timer: StepTimer) -> dict[int, float]:
-    """Median time of a one-prompt prefill at each prompt length, ms (eager: prefill is few large kernels)."""
+def measure_prefill(decoder: Decoder, lengths: tuple[int, int], timer: StepTimer) -> tuple[dict[int, float], dict[int, float]]:
+    """Median time of a one-prompt prefill at each prompt length, ms, on a plain server and on an EAGLE
+    server (the target's prefill, then the draft's extend over the prompt); eager: few large kernels."""
     eager = StepTimer(decoder.device, timer.warmup, max(3, timer.repeats // 10), graphs=False)
-    out = {}
+    plain, eagle = {}, {}
     for length in lengths:
         tokens = torch.randint(0, decoder.shape.vocab, (length,), device=decoder.device)
-        out[length] = statistics.median(eager.samples_ms(lambda: decoder.prefill(tokens)))
-        print(f"prefill {length:6d} tokens  {out[length]:8.3f} ms", flush=True)
-    return out
+        plain[length] = statistics.median(eager.samples_ms(lambda: decoder.prefill(tokens)))
+        eagle[length] = statistics.median(eager.samples_ms(lambda: decoder.eagle_prefill(tokens)))
+        print(f"prefill {length:6d} tokens  plain {plain[length]:8.3f} ms  eagle {eagle[length]:8.3f} ms", flush=True)
+    return plain, eagle
+
+
+def _slope(ms: dict[int, float], lengths: tuple[int, ...]) -> float:
+    """ms per prompt token between the two prompt lengths."""
+    return max(ms[lengths[1]] - ms[lengths[0]], 0.0) / (lengths[1] - lengths[0])
 
 
 def copy_bandwidth_gbs(device: torch.device, gib: float = 2.0) -> float | None:
@@ -205,9 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     timer = StepTimer(device, args.warmup, args.repeats, graphs=True)
     with torch.inference_mode():
         points = measure_steps(decoder, batches, args.drafts, timer)
-        prefill = measure_prefill(decoder, (lengths[0], lengths[1]), timer)
+        prefill, eagle_prefill = measure_prefill(decoder, (lengths[0], lengths[1]), timer)
     bandwidth = copy_bandwidth_gbs(device)
-    prefill_per_token = max(prefill[lengths[1]] - prefill[lengths[0]], 0.0) / (lengths[1] - lengths[0])
+    prefill_per_token = _slope(prefill, lengths)
     described = device_description(device)
     total_memory = int(described.get("total_memory_bytes", 0))
     weight_bytes = shape.target_params() * dtype.itemsize
@@ -257,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
         "steps": [asdict(p) for p in points],
         "prefill_ms": {str(k): v for k, v in prefill.items()},
         "prefill_ms_per_token": prefill_per_token,
+        "eagle_prefill_ms": {str(k): v for k, v in eagle_prefill.items()},
+        "eagle_prefill_ms_per_token": _slope(eagle_prefill, lengths),
         "copy_bandwidth_gbs": bandwidth,
         "target_weight_bytes": weight_bytes,
         "draft_weight_bytes": draft_bytes,

@@ -223,3 +223,17 @@ class Decoder:
         """Prefill of one prompt; returns its first output token (logits of the last position only)."""
         x, _ = self._target(tokens, 1, tokens.shape[0], cached=False)
         return self._logits(x[-1:], self.lm_head, self.final_norm).argmax(-1)
+
+    def eagle_prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        """An EAGLE server's prefill batch of one prompt, as SGLang runs it: the target's prefill (its
+        first token from the last position), then the draft's extend over the prompt with the target's
+        fused features (its KV for the prompt, and the first draft token from the last position)."""
+        q_len = tokens.shape[0]
+        x, features = self._target(tokens, 1, q_len, cached=False)
+        first = self._logits(x[-1:], self.lm_head, self.final_norm).argmax(-1)
+        # The draft reads each position's token after it: the prompt shifted by one, the first token last.
+        shifted = torch.cat((tokens[1:], first))
+        hidden = F.linear(features, self.draft_fc)
+        attn_in = torch.cat((self.embed[shifted], hidden), dim=-1)
+        hidden = self._layer(self.draft_layer, hidden, attn_in, 1, q_len, None, self._rope_tables(0, q_len))
+        return self._logits(hidden[-1:], self.draft_lm_head, self.draft_norm).argmax(-1)

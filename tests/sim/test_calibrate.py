@@ -56,6 +56,9 @@ def test_decode_attention_folds_query_groups_exactly() -> None:
     ref = mid + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, layer.w_down)
     assert torch.allclose(out, ref, atol=1e-12)
     assert decoder.plain_step(tokens).shape == (2,) and decoder.eagle_step(tokens, x, 3).shape == (8,)
+    prompt = torch.tensor([1, 2, 3, 4, 5])
+    # An EAGLE server's prefill batch: the target's prefill, then the draft's extend (its first draft token out).
+    assert decoder.eagle_prefill(prompt).shape == (1,) and decoder.prefill(prompt).shape == (1,)
 
 
 @pytest.mark.calibrate
@@ -69,6 +72,8 @@ def test_gpu_mode_runs_on_cpu_and_writes_a_profile_the_sim_loads(tmp_path: Path)
     raw = json.loads((tmp_path / "tiny.json").read_text())
     assert [s["batch"] for s in raw["steps"]] == [1, 4] and raw["cuda_graphs"] is False
     assert all(s["plain_ms"] > 0 and s["eagle_ms"] > 0 for s in raw["steps"])
+    assert set(raw["prefill_ms"]) == set(raw["eagle_prefill_ms"]) == {"8", "32"}
+    assert all(ms > 0 for ms in raw["eagle_prefill_ms"].values()) and raw["eagle_prefill_ms_per_token"] >= 0
     p = load_profile("field-8gpu", tmp_path / "tiny.toml")
     assert p.name == "tiny" and p.model_path == "specgate/tiny-llama" and p.plain.t0_ms is None
     assert p.plain.step_ms(4) == pytest.approx(raw["steps"][1]["plain_ms"], abs=1e-3)
