@@ -108,6 +108,9 @@ class EngineCore:
         self.prefill_tokens_total = 0  # uncached prompt tokens prefilled
         self.prefill_busy_seconds = 0.0  # their modelled prefill time, time scale 1
         self.cache_hit_rate = 0.0  # SGLang's gauge: the last prefill's cached share, zeroed by the decode log
+        # SGLang's decode step-time moment sums over decode-only steps: steps, batch, step microseconds
+        # (time scale 1), batch squared, batch times step, tokens generated.
+        self.decode_moments = [0.0] * 6
         self._decode_steps = 0
         self._recent: deque[_StepRecord] = deque(maxlen=STATS_WINDOW_STEPS)
 
@@ -238,7 +241,19 @@ class EngineCore:
             decode_tokens += gained
             tokens += gained
         self._recent.append(_StepRecord(start, end, tokens, decode_tokens, plan.decoding))
+        if not plan.joined:  # SGLang times decode batches alone: a prefill is a batch of its own there
+            self._add_decode_moment(plan.batch, plan.duration_ms * 1000.0, decode_tokens)
         return stepped
+
+    def _add_decode_moment(self, batch: int, step_us: float, generated: int) -> None:
+        """One decode step into the moment sums, as SGLang's `_accumulate_decode_moment` adds it."""
+        m = self.decode_moments
+        m[0] += 1.0
+        m[1] += batch
+        m[2] += step_us
+        m[3] += batch * batch
+        m[4] += batch * step_us
+        m[5] += generated
 
     def _first_token(self, req: SimRequest, at: float) -> None:
         """The joining step's prefill yields `req`'s first token at `at`."""

@@ -56,17 +56,30 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Completion:
-    """What the gateway observed about one finished response; fed back to the policy."""
+    """What the gateway observed about one finished response; fed back to the policy.
+
+    A response not streamed has no chunk times: its `ttft` is its whole life (arrival to the body),
+    `decode_seconds` 0, the mean loads 0 and `token_chunks` 0 (`streamed` is False)."""
 
     backend: str
     output_tokens: int
-    ttft: float  # seconds from dispatch to the first content chunk
+    ttft: float  # seconds from arrival to the first content chunk
     decode_seconds: float  # first to last content chunk
     mean_inflight: float  # the backend's mean in-flight count while this request decoded
     mean_group_inflight: float  # the same for all backends of its group (those sharing its GPUs)
     token_chunks: int = 0  # stream chunks that carried generated tokens (EAGLE: tokens / chunks = acceptance length)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the backend reported it took from its prefix cache
+
+    @property
+    def streamed(self) -> bool:
+        """Whether its tokens' times are known (a stream with a decode window)."""
+        return self.decode_seconds > 0.0
+
+    @property
+    def first_token_seen(self) -> bool:
+        """Whether `ttft` is the time to the first token: a stream's, or a one-token response's life."""
+        return self.streamed or self.output_tokens == 1
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,12 @@ class Backend:
         board, i = self.board, self.index
         inflight, expected, chunks = int(board.total(i, INFLIGHT)), board.total(i, EXPECTED), int(board.total(i, CHUNKS))
         load = self.engine_load
-        kv, kv_rank = (load.kv_tokens, load.kv_rank_tokens) if load is not None else (0, 0)
-        return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks, kv, kv_rank)
+        if load is None:
+            return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks)
+        return BackendView(
+            self.name, self.speculative, self.available, inflight, self.group, expected, chunks,
+            load.kv_tokens, load.kv_rank_tokens, load.prefill_tokens, load.prefill_busy_us,
+        )
 
     @property
     def available(self) -> bool:

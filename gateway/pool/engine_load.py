@@ -19,11 +19,18 @@ class EngineLoad:
     # decision, so worked out once here.
     kv_tokens: int = field(init=False)
     kv_rank_tokens: int = field(init=False)
+    # Its prefill work since it started, over all its ranks: uncached prompt tokens prefilled and the
+    # microseconds its prefill steps took (SGLang's cumulative `total_prefill_uncached_tokens` and
+    # `total_prefill_busy_us`; 0 where not reported).
+    prefill_tokens: int = field(init=False)
+    prefill_busy_us: int = field(init=False)
 
     def __post_init__(self) -> None:
         capacities = [as_int(rank.get("max_total_num_tokens")) for rank in self.ranks]
         object.__setattr__(self, "kv_tokens", sum(capacities))
         object.__setattr__(self, "kv_rank_tokens", min(capacities, default=0))
+        object.__setattr__(self, "prefill_tokens", sum(as_int(rank.get("total_prefill_uncached_tokens")) for rank in self.ranks))
+        object.__setattr__(self, "prefill_busy_us", sum(as_int(rank.get("total_prefill_busy_us")) for rank in self.ranks))
 
 
 def parse_engine_load(body: Any) -> EngineLoad | None:

@@ -22,6 +22,10 @@ class BackendView:
     # and its smallest rank's (the longest request it surely holds). 0: not known.
     kv_tokens: int = 0
     kv_rank_tokens: int = 0
+    # Its engine's cumulative prefill counters at its last report: uncached prompt tokens prefilled and the
+    # microseconds that took. 0: not known.
+    prefill_tokens: int = 0
+    prefill_busy_us: int = 0
 
     def __post_init__(self) -> None:
         if not self.group:

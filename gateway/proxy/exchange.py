@@ -3,7 +3,8 @@
 `ProxyResponse` is an ASGI response that owns the whole upstream exchange, so everything tied to the
 request's lifetime lives in one `try/finally`: the in-flight slot (released there and nowhere
 else), the upstream connection and the metrics. What a response teaches the policy (its decode
-window and the load it ran under, and every few chunks its pace so far) is measured by the slot. When the client leaves first (even while
+window and the load it ran under, and every few chunks its pace so far) is measured by the slot; a
+response not streamed teaches its life and usage alone. When the client leaves first (even while
 SGLang is still queueing or prefilling and has sent no header yet) the exchange is cancelled, which
 closes the upstream connection, which makes SGLang abort the request. With tracing on, the request's
 trace goes upstream and a sampled one's `ExchangeRecord` (gateway/telemetry) is told the exchange's
@@ -334,12 +335,15 @@ class ProxyResponse(Response):
             rt.metrics.upstream_errors.labels(name, "malformed_body").inc()
             await self._fail(send, 502, f"backend {name} sent a malformed body", "malformed_body")
             return
-        self._count_usage(name, usage)
+        prompt_tokens, cached_tokens = self._count_usage(name, usage)
+        tokens = int((usage or {}).get("completion_tokens") or 0)
+        assert self._slot is not None
+        if tokens >= 1 and self._slot.weight == 1:  # no chunk times: what it teaches is its life and usage
+            rt.learn(Completion(name, tokens, handled_at - self._job.arrived_at, 0.0, 0.0, 0.0, 0, prompt_tokens, cached_tokens))
         rec = self._rec
         if rec is not None:
             self._finish = _finish_reason(decoded)
         payload = echo_json(payload, self._job.tier) if self._job.echo_tier else payload
-        assert self._slot is not None
         headers = _headers(self._job, self._slot, b"application/json", [(b"content-length", str(len(payload)).encode())])
         if rec is not None:
             rec.responding()

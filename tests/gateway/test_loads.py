@@ -138,3 +138,17 @@ def test_the_policy_sees_each_backends_kv_capacity_as_its_engine_reports_it() ->
     eagle, plain = pool.snapshot().get("eagle"), pool.snapshot().get("plain")
     assert (eagle.kv_tokens, eagle.kv_rank_tokens) == (10_000, 10_000)
     assert (plain.kv_tokens, plain.kv_rank_tokens) == (11_000, 5_000)  # a request runs on one rank
+
+
+def test_the_policy_sees_each_backends_prefill_counters_summed_over_its_ranks() -> None:
+    pool = node({})
+    assert (pool.snapshot().get("eagle").prefill_tokens, pool.snapshot().get("eagle").prefill_busy_us) == (0, 0)
+    pool["eagle"].engine_load = engine(waiting=0, used=0, capacity=10_000, throughput=0.0)
+    two_ranks = {"loads": [
+        {"dp_rank": 0, "total_prefill_uncached_tokens": 6_000, "total_prefill_busy_us": 700_000},
+        {"dp_rank": 1, "total_prefill_uncached_tokens": 5_000, "total_prefill_busy_us": "?"},  # not a number: 0
+    ]}
+    pool["plain"].engine_load = parse_engine_load(two_ranks)
+    eagle, plain = pool.snapshot().get("eagle"), pool.snapshot().get("plain")
+    assert (eagle.prefill_tokens, eagle.prefill_busy_us) == (1_000, 2_000)
+    assert (plain.prefill_tokens, plain.prefill_busy_us) == (11_000, 700_000)

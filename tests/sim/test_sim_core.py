@@ -259,3 +259,19 @@ def test_a_plain_servers_joiners_have_their_first_token_at_the_steps_end() -> No
     bare.enqueue(request(tokens(0, 10)))
     plan = bare.plan_step()
     assert plan is not None and not plan.early_first_token  # a drafting table alone: calibration.md's charge
+
+
+def test_decode_moments_sum_the_decode_only_steps_as_sglang_does() -> None:
+    # Step = 2 ms + 0.25 ms a request. Two requests join in one prefill step (not a decode moment), then
+    # decode together for 3 steps; the one with 2 more tokens to go leaves, the other decodes 2 alone.
+    core = core_of(per_request_ms=0.25)
+    plans, _ = run(core, request(tokens(0, 8), max_new=4), request(tokens(100, 8), max_new=6))
+    decode = [p for p in plans if not p.joined]
+    assert [p.batch for p in decode] == [2, 2, 2, 1, 1]
+    steps, batch, step_us, batch_sq, batch_step, generated = core.decode_moments
+    assert (steps, batch, batch_sq, generated) == (5, 8, 14, 8)
+    assert step_us == pytest.approx(3 * 2500 + 2 * 2250)
+    assert batch_step == pytest.approx(3 * 2 * 2500 + 2 * 2250)
+    # The least-squares line through them is the step model's: 2 ms + 0.25 ms per request.
+    slope = (batch_step - batch * step_us / steps) / (batch_sq - batch * batch / steps)
+    assert slope == pytest.approx(250.0) and step_us / steps - slope * batch / steps == pytest.approx(2000.0)

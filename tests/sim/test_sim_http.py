@@ -262,8 +262,13 @@ def test_info_routes(eagle: SimHandle) -> None:
     model = httpx.get(base + "/model_info").json()
     assert model["model_path"] == MODEL and model["is_generation"] is True
 
+    answered = httpx.post(base + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 8})
+    assert answered.status_code == 200
     loads = httpx.get(base + "/v1/loads").json()
     entry = loads["loads"][0]
+    # SGLang's decode step-time moment sums: steps, batch, step us, batch^2, batch x step us, tokens generated.
+    steps, batch, step_us, batch_sq, batch_step, generated = entry["decode_moments"]
+    assert steps >= 1 and batch >= steps and batch_sq >= batch and step_us > 0 and batch_step >= step_us and generated >= steps
     for key in (
         "num_running_reqs",
         "num_waiting_reqs",

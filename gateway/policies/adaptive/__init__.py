@@ -2,7 +2,8 @@
 
 `policy.py` (the `Policy` itself: what it learns from each completion and the order of its rules),
 `rules.py` (the pure (group, mode) rule and the tier rules on plain data), `arms.py` (what it keeps
-per backend and believes per kind and group), `fit.py` (the robust TPOT-vs-load fit it learns with).
+per backend and believes per kind and group), `fit.py` (the robust TPOT-vs-load fit it learns with),
+`forecast.py` (the load over the next request life), `prefill.py` (the prefill cost the engines count).
 The rule in a page: docs/adaptive.md.
 """
 

@@ -43,6 +43,7 @@ from gateway.policies.adaptive.rules import (
     lane_view,
     least_harm,
 )
+from gateway.policies.adaptive.prefill import EnginePrefill
 from gateway.policies.adaptive.rules import choose as choose_group
 from gateway.policies.lane import FLEX_PLAIN, TierLane, TierSettings
 from gateway.pool.snapshot import BackendView, PoolSnapshot
@@ -120,6 +121,7 @@ class AdaptivePolicy(Policy):
         self._scaled: tuple[int, dict[bool, Curve]] = (-1, {})  # ... as the rules see it, for a generation of them
         self._loads: tuple[PoolSnapshot | None, tuple[float, float]] = (None, (0.0, 0.0))  # `_group_loads`' last reading
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
+        self._engine_prefill = EnginePrefill()  # ... as the engines count their prefill steps
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
         self._footprint: float | None = None  # KV tokens a request holds: mean uncached prompt + output
         self._hit_share = 0.0  # mean share of a prompt its backend had cached
@@ -195,6 +197,7 @@ class AdaptivePolicy(Policy):
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
         for view in snapshot.backends:
+            self._engine_prefill.read(view)
             arm = self._sync(view)
             arm.shared = sizes[view.group] > 1
             if view.name == decision.backend:
@@ -263,7 +266,7 @@ class AdaptivePolicy(Policy):
         footprint = float(max(uncached, 0) + completion.output_tokens)
         known_footprint = self._footprint
         self._footprint = footprint if known_footprint is None else known_footprint + OUTPUT_RATE * (footprint - known_footprint)
-        if uncached >= PREFILL_MIN_TOKENS and completion.ttft > 0.0 and arm.speculative is not None:
+        if uncached >= PREFILL_MIN_TOKENS and completion.first_token_seen and completion.ttft > 0.0 and arm.speculative is not None:
             per_token = completion.ttft / uncached
             known = self._prefill.get(arm.speculative)
             self._prefill[arm.speculative] = per_token if known is None else known + OUTPUT_RATE * (per_token - known)
@@ -297,7 +300,8 @@ class AdaptivePolicy(Policy):
         beliefs: dict[str, Any] = {
             "predicted_tpot_seconds": predicted,
             "backends": {name: arm.describe() for name, arm in self._arms.items()},
-            "prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._prefill.items()},
+            "prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._prefill_costs().items()},
+            "engine_prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._engine_prefill.cost.items()},
             "prefix_hit_share": self._hit_share,
             "prefix_reuse": self._reuse(),
         }
@@ -458,12 +462,18 @@ class AdaptivePolicy(Policy):
         """The request's prefill on each backend at its kind's learned cost, and its expected output;
         None without a prompt, before any prefill cost was learned, or when no backend holds any of it
         (every option then prefills it all: the load alone decides)."""
-        if prompt is None or not prompt.cached or not self._prefill:
+        costs = self._prefill_costs()
+        if prompt is None or not prompt.cached or not costs:
             return None
-        cost = max(self._prefill.values())  # a kind not yet measured: as dear as the dearest
-        prefill = {v.name: prompt.uncached(v.name) * self._prefill.get(v.speculative, cost) for v in available}
+        cost = max(costs.values())  # a kind not yet measured: as dear as the dearest
+        prefill = {v.name: prompt.uncached(v.name) * costs.get(v.speculative, cost) for v in available}
         output = float(prompt.max_tokens) if prompt.max_tokens is not None else self._mean_output
         return PromptCost(prefill, max(output, 1.0), self._reuse())
+
+    def _prefill_costs(self) -> dict[bool, float]:
+        """Per kind, the seconds a prompt token to prefill costs: as streamed responses' times to first
+        token taught it (what a prefill delays, its queueing included), else as the engines count it."""
+        return self._prefill or self._engine_prefill.cost
 
     def _reuse(self) -> float:
         """Later requests expected to build on one request's prefix: with a share h of every prompt found
