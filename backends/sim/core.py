@@ -108,9 +108,11 @@ class EngineCore:
         self.prefill_tokens_total = 0  # uncached prompt tokens prefilled
         self.prefill_busy_seconds = 0.0  # their modelled prefill time, time scale 1
         self.cache_hit_rate = 0.0  # SGLang's gauge: the last prefill's cached share, zeroed by the decode log
-        # SGLang's decode step-time moment sums over decode-only steps: steps, batch, step microseconds
-        # (time scale 1), batch squared, batch times step, tokens generated.
+        # SGLang's decode step-time moment sums: steps, batch, step microseconds, batch squared, batch
+        # times step, tokens generated. A step is timed from the previous one's start (SGLang's launch
+        # cadence: a co-located server's steps in between count) when both decoded alone.
         self.decode_moments = [0.0] * 6
+        self._decode_start: float | None = None  # the last step's start, if it decoded alone
         self._decode_steps = 0
         self._recent: deque[_StepRecord] = deque(maxlen=STATS_WINDOW_STEPS)
 
@@ -241,8 +243,13 @@ class EngineCore:
             decode_tokens += gained
             tokens += gained
         self._recent.append(_StepRecord(start, end, tokens, decode_tokens, plan.decoding))
-        if not plan.joined:  # SGLang times decode batches alone: a prefill is a batch of its own there
-            self._add_decode_moment(plan.batch, plan.duration_ms * 1000.0, decode_tokens)
+        # SGLang runs a prefill as a batch of its own and times only decode batches that follow one.
+        if plan.joined:
+            self._decode_start = None
+        else:
+            if self._decode_start is not None:
+                self._add_decode_moment(plan.batch, (start - self._decode_start) * 1e6, decode_tokens)
+            self._decode_start = start
         return stepped
 
     def _add_decode_moment(self, batch: int, step_us: float, generated: int) -> None:

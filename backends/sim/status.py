@@ -113,14 +113,6 @@ def _memory(ep: Endpoint) -> dict[str, Any]:
     }
 
 
-def _moments(sums: list[float], time_scale: float) -> list[float] | None:
-    """SGLang's `decode_moments` (None before a decode step), its step times at the time scale."""
-    if sums[0] <= 0:
-        return None
-    steps, batch, step_us, batch_sq, batch_step, generated = sums
-    return [steps, batch, step_us * time_scale, batch_sq, batch_step * time_scale, generated]
-
-
 def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
     """One `loads[]` entry of `/v1/loads` (rank 0, the only rank); `include` as validated by the caller."""
     core, table = ep.engine.core, ep.table
@@ -144,7 +136,7 @@ def load_entry(ep: Endpoint, include: set[str] | None) -> dict[str, Any]:
         "utilization": running / table.max_running_requests,
         "total_prefill_uncached_tokens": core.prefill_tokens_total,
         "total_prefill_busy_us": int(core.prefill_busy_seconds * 1e6 * ep.settings.time_scale),
-        "decode_moments": _moments(core.decode_moments, ep.settings.time_scale),
+        "decode_moments": list(core.decode_moments) if core.decode_moments[0] > 0 else None,
     }
     sections = include or {"all"}
     every = "all" in sections

@@ -119,7 +119,7 @@ class Backend:
             return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks)
         return BackendView(
             self.name, self.speculative, self.available, inflight, self.group, expected, chunks,
-            load.kv_tokens, load.kv_rank_tokens, load.prefill_tokens, load.prefill_busy_us,
+            load.kv_tokens, load.kv_rank_tokens, load.prefill_tokens, load.prefill_busy_us, load.decode_moments,
         )
 
     @property

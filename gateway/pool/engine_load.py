@@ -24,6 +24,9 @@ class EngineLoad:
     # `total_prefill_busy_us`; 0 where not reported).
     prefill_tokens: int = field(init=False)
     prefill_busy_us: int = field(init=False)
+    # Its decode step-time moment sums (`decode_moments`: steps, batch, step us, batch squared, batch times
+    # step, tokens generated), from an engine of one rank (several ranks' steps are not one server's load).
+    decode_moments: tuple[float, ...] | None = field(init=False)
 
     def __post_init__(self) -> None:
         capacities = [as_int(rank.get("max_total_num_tokens")) for rank in self.ranks]
@@ -31,6 +34,7 @@ class EngineLoad:
         object.__setattr__(self, "kv_rank_tokens", min(capacities, default=0))
         object.__setattr__(self, "prefill_tokens", sum(as_int(rank.get("total_prefill_uncached_tokens")) for rank in self.ranks))
         object.__setattr__(self, "prefill_busy_us", sum(as_int(rank.get("total_prefill_busy_us")) for rank in self.ranks))
+        object.__setattr__(self, "decode_moments", _moments(self.ranks[0].get("decode_moments")) if len(self.ranks) == 1 else None)
 
 
 def parse_engine_load(body: Any) -> EngineLoad | None:
@@ -52,6 +56,15 @@ def engine_load_json(load: EngineLoad | None) -> dict[str, Any] | None:
     if load is None:
         return None
     return {"version": load.version, "accelerator": load.accelerator, "num_accelerators": load.num_accelerators, "loads": list(load.ranks)}
+
+
+def _moments(value: Any) -> tuple[float, ...] | None:
+    """SGLang's six decode moment sums as floats; None when absent or not that shape."""
+    if not isinstance(value, list) or len(value) != 6:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value):
+        return None
+    return tuple(float(v) for v in value)
 
 
 def as_int(value: Any) -> int:

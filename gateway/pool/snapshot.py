@@ -26,6 +26,8 @@ class BackendView:
     # microseconds that took. 0: not known.
     prefill_tokens: int = 0
     prefill_busy_us: int = 0
+    # ... and its decode step-time moment sums (`EngineLoad.decode_moments`); None: not known.
+    decode_moments: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.group:

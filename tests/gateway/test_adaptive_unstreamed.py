@@ -9,10 +9,14 @@ from dataclasses import replace
 import pytest
 
 from gateway.policies import Completion, Decision, Prompt
-from gateway.policies.adaptive.prefill import RATE
+from gateway.policies.adaptive import AdaptivePolicy
+from gateway.policies.adaptive.engine import MIN_STEPS, RATE, EngineSteps, StepReading
 from gateway.pool.snapshot import PoolSnapshot
 from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN
-from tests.gateway.test_adaptive_groups import groups, trained
+from tests.gateway.test_adaptive_groups import completion, groups, trained, view
+
+# Where the field-8gpu lines cross (tests/gateway/test_adaptive.py): EAGLE is faster below it.
+FIELD_CROSSOVER = (FIELD_EAGLE.alpha - FIELD_PLAIN.alpha) / (FIELD_PLAIN.beta - FIELD_EAGLE.beta)
 
 
 def reporting(snapshot: PoolSnapshot, **counters: tuple[int, int]) -> PoolSnapshot:
@@ -20,6 +24,11 @@ def reporting(snapshot: PoolSnapshot, **counters: tuple[int, int]) -> PoolSnapsh
     views = tuple(replace(v, prefill_tokens=counters[v.name.replace("-", "_")][0], prefill_busy_us=counters[v.name.replace("-", "_")][1])
                   if v.name.replace("-", "_") in counters else v for v in snapshot.backends)
     return PoolSnapshot(views)
+
+
+def reported(snapshot: PoolSnapshot, totals: dict[str, tuple[float, ...]]) -> PoolSnapshot:
+    """`snapshot` with backends' engines reporting these decode moment sums."""
+    return PoolSnapshot(tuple(replace(v, decode_moments=totals.get(v.name.replace("-", "_"), v.decode_moments)) for v in snapshot.backends))
 
 
 def test_a_response_not_streamed_teaches_its_usage_and_never_a_pace() -> None:
@@ -63,3 +72,76 @@ def test_the_engines_prefill_counters_price_a_prefix_where_no_stream_taught_a_co
     for _ in range(5):
         policy.observe(Completion("g0-plain", 65, 0.4, 64 * FIELD_PLAIN.at(1), 1.0, 1.0, prompt_tokens=2000))
     assert policy.beliefs()["prefill_seconds_per_token"] == {"plain": pytest.approx(2e-4)}
+
+
+def moments(steps: int, batch: int, step_ms: float, per_request: float) -> tuple[float, ...]:
+    """SGLang's decode moment sums after `steps` steps of `batch` requests taking `step_ms` each, every
+    request gaining `per_request` tokens a step."""
+    us = step_ms * 1000.0
+    return (steps, steps * batch, steps * us, steps * batch * batch, steps * batch * us, steps * batch * per_request)
+
+
+def plus(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+def test_engine_steps_read_the_mean_batch_and_the_time_per_token_between_reports() -> None:
+    steps = EngineSteps()
+    eagle = view("g0", "eagle")
+    first = moments(100, 2, 8.0, 1.0)
+    assert steps.read(replace(eagle, decode_moments=first), others=0.0) is None  # the first report: a baseline
+    later = plus(first, moments(MIN_STEPS - 1, 4, 12.0, 3.0))
+    assert steps.read(replace(eagle, decode_moments=later), others=0.0) is None  # too few steps since
+    later = plus(later, moments(1, 4, 12.0, 3.0))
+    reading = steps.read(replace(eagle, decode_moments=later), others=0.0)
+    # 16 steps of 4 requests in 12 ms, each request gaining 3 tokens a step: 4 ms a token.
+    assert reading == StepReading(4.0, pytest.approx(0.004), 16 * 4 * 3, 16 * 4, alone=True)
+    # The other server of the group reported steps meanwhile: the reading says so.
+    again = plus(later, moments(20, 1, 5.0, 3.0))
+    reading = steps.read(replace(eagle, decode_moments=again), others=7.0)
+    assert reading is not None and not reading.alone and reading.batch == 1.0
+    # A restarted engine counts from 0: its report is a new baseline, never a negative reading.
+    assert steps.read(replace(eagle, decode_moments=moments(3, 1, 5.0, 3.0)), others=7.0) is None
+
+
+def test_backends_whose_responses_are_never_streamed_learn_their_curves_from_their_engines() -> None:
+    policy = AdaptivePolicy()
+    idle = groups((0, 0))
+    policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))
+    for name in ("g0-eagle", "g0-plain"):  # answered whole: no chunk times
+        policy.observe(Completion(name, 64, 0.3, 0.0, 0.0, 0.0, prompt_tokens=100))
+    assert not policy.beliefs()["backends"]["g0-eagle"]["points"]
+    # Each engine in turn reports decode steps at loads 1 to 16 while the other server of the group is
+    # idle: the field-8gpu lines' TPOT (EAGLE: 3 tokens a request-step, plain: 1). The first report
+    # after the other one's turn spans some of its steps, and is not used.
+    totals = {"g0_eagle": moments(1, 1, 1.0, 1.0), "g0_plain": moments(1, 1, 1.0, 1.0)}
+    policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    for name, line, tau in (("g0_eagle", FIELD_EAGLE, 3.0), ("g0_plain", FIELD_PLAIN, 1.0)):
+        for n in [*range(1, 17)] * 4:  # each load's band measured a few times
+            totals[name] = plus(totals[name], moments(MIN_STEPS, n, 1000 * tau * line.at(n), tau))
+            policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    beliefs = policy.beliefs()["backends"]
+    assert beliefs["g0-eagle"]["tau"] == pytest.approx(3.0) and beliefs["g0-plain"]["tau"] == pytest.approx(1.0)
+    assert policy.crossover() == pytest.approx(FIELD_CROSSOVER, rel=0.1)
+    assert policy.choose(groups((0, 0))).backend == "g0-eagle"  # a lone request speculates
+    assert policy.choose(groups((0, 7))).backend == "g0-plain"  # 8 in flight decode plain
+    # Once a backend's responses stream, the streams teach it and its engine's steps no longer do.
+    observed = beliefs["g0-plain"]["observations"]
+    policy.observe(completion("g0-plain", FIELD_PLAIN, 4.0))
+    totals["g0_plain"] = plus(totals["g0_plain"], moments(MIN_STEPS, 2, 1000 * FIELD_PLAIN.at(2), 1.0))
+    policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    assert policy.beliefs()["backends"]["g0-plain"]["observations"] == observed + 1
+
+
+def test_a_colocated_backends_engine_steps_count_only_while_the_other_server_ran_none() -> None:
+    policy = AdaptivePolicy()
+    idle = groups((0, 0))
+    policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))
+    policy.observe(Completion("g0-plain", 64, 0.3, 0.0, 0.0, 0.0))
+    totals = {"g0_eagle": moments(1, 1, 1.0, 1.0), "g0_plain": moments(1, 1, 1.0, 1.0)}
+    policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    for name in ("g0_eagle", "g0_plain"):  # both servers decoded: plain's steps took turns with EAGLE's
+        totals[name] = plus(totals[name], moments(MIN_STEPS, 4, 10.0, 1.0))
+    policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    plain = policy.beliefs()["backends"]["g0-plain"]
+    assert plain["observations"] == 0 and plain["shared_skipped"] == 1

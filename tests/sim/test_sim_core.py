@@ -261,17 +261,27 @@ def test_a_plain_servers_joiners_have_their_first_token_at_the_steps_end() -> No
     assert plan is not None and not plan.early_first_token  # a drafting table alone: calibration.md's charge
 
 
-def test_decode_moments_sum_the_decode_only_steps_as_sglang_does() -> None:
-    # Step = 2 ms + 0.25 ms a request. Two requests join in one prefill step (not a decode moment), then
-    # decode together for 3 steps; the one with 2 more tokens to go leaves, the other decodes 2 alone.
+def test_decode_moments_time_each_decode_step_from_the_last_ones_start_as_sglang_does() -> None:
+    # Step = 2 ms + 0.25 ms a request. Two requests join in one prefill step, then decode together for
+    # 3 steps (one of them is done after 4 tokens) and the other 2 more alone. SGLang times a decode
+    # batch from the previous one's launch and skips the first after a prefill: 4 of the 5 decode steps.
     core = core_of(per_request_ms=0.25)
     plans, _ = run(core, request(tokens(0, 8), max_new=4), request(tokens(100, 8), max_new=6))
-    decode = [p for p in plans if not p.joined]
-    assert [p.batch for p in decode] == [2, 2, 2, 1, 1]
+    assert [p.batch for p in plans if not p.joined] == [2, 2, 2, 1, 1]
     steps, batch, step_us, batch_sq, batch_step, generated = core.decode_moments
-    assert (steps, batch, batch_sq, generated) == (5, 8, 14, 8)
-    assert step_us == pytest.approx(3 * 2500 + 2 * 2250)
-    assert batch_step == pytest.approx(3 * 2 * 2500 + 2 * 2250)
-    # The least-squares line through them is the step model's: 2 ms + 0.25 ms per request.
-    slope = (batch_step - batch * step_us / steps) / (batch_sq - batch * batch / steps)
-    assert slope == pytest.approx(250.0) and step_us / steps - slope * batch / steps == pytest.approx(2000.0)
+    assert (steps, batch, batch_sq, generated) == (4, 6, 10, 6)
+    assert step_us == pytest.approx(3 * 2500 + 2250)  # the batch-2 steps, then the first batch-1 one, before each
+    assert batch_step == pytest.approx(2 * 2 * 2500 + 2500 + 2250)
+
+    # A co-located server's step between two of this one's is in the cadence: 1 ms here.
+    core = core_of(per_request_ms=0.25)
+    core.enqueue(request(tokens(0, 8), max_new=8))
+    now = 0.0
+    for gap in (0.0, 0.0, 0.001, 0.0):
+        plan = core.plan_step()
+        assert plan is not None
+        now += gap
+        end = now + plan.duration_ms / 1000.0
+        core.finish_step(plan, now, end)
+        now = end
+    assert core.decode_moments[:3] == pytest.approx([2, 2, 2250 + 3250])

@@ -3,7 +3,7 @@
 `policy.py` (the `Policy` itself: what it learns from each completion and the order of its rules),
 `rules.py` (the pure (group, mode) rule and the tier rules on plain data), `arms.py` (what it keeps
 per backend and believes per kind and group), `fit.py` (the robust TPOT-vs-load fit it learns with),
-`forecast.py` (the load over the next request life), `prefill.py` (the prefill cost the engines count).
+`forecast.py` (the load over the next request life), `engine.py` (what the engines' own counters teach).
 The rule in a page: docs/adaptive.md.
 """
 

@@ -37,6 +37,15 @@ class Arm:
     probe_pending: bool = False  # a probe was sent; its response (the next one seen) judges it
     tau_tokens: float = 0.0  # decayed sums of completion tokens and of token-bearing chunks
     tau_chunks: float = 0.0
+    # Its responses seen streamed (with chunk times) and not: one whose responses were never streamed
+    # learns its curve and tau from its engine's decode moments instead.
+    streamed: int = 0
+    unstreamed: int = 0
+
+    @property
+    def engine_taught(self) -> bool:
+        """Whether its engine's decode moments teach it: its responses come, none of them streamed."""
+        return self.unstreamed > 0 and self.streamed == 0
 
     @property
     def tau(self) -> float:

@@ -43,7 +43,7 @@ from gateway.policies.adaptive.rules import (
     lane_view,
     least_harm,
 )
-from gateway.policies.adaptive.prefill import EnginePrefill
+from gateway.policies.adaptive.engine import EnginePrefill, EngineSteps, StepReading
 from gateway.policies.adaptive.rules import choose as choose_group
 from gateway.policies.lane import FLEX_PLAIN, TierLane, TierSettings
 from gateway.pool.snapshot import BackendView, PoolSnapshot
@@ -122,6 +122,7 @@ class AdaptivePolicy(Policy):
         self._loads: tuple[PoolSnapshot | None, tuple[float, float]] = (None, (0.0, 0.0))  # `_group_loads`' last reading
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
         self._engine_prefill = EnginePrefill()  # ... as the engines count their prefill steps
+        self._engine_steps = EngineSteps()  # each engine's decode steps, for backends no stream teaches
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
         self._footprint: float | None = None  # KV tokens a request holds: mean uncached prompt + output
         self._hit_share = 0.0  # mean share of a prompt its backend had cached
@@ -196,10 +197,15 @@ class AdaptivePolicy(Policy):
         sizes = Counter(v.group for v in snapshot.backends)
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
+        steps = Counter[str]()  # decode steps reported per group
+        for view in snapshot.backends:
+            steps[view.group] += view.decode_moments[0] if view.decode_moments is not None else 0.0
         for view in snapshot.backends:
             self._engine_prefill.read(view)
             arm = self._sync(view)
             arm.shared = sizes[view.group] > 1
+            own = view.decode_moments[0] if view.decode_moments is not None else 0.0
+            self._learn_steps(arm, self._engine_steps.read(view, steps[view.group] - own))
             if view.name == decision.backend:
                 if decision.reason == "adaptive_explore" and arm.estimator.fitted:
                     arm.probe_pending = True  # a probe of a known backend, not a cold-start measurement
@@ -224,6 +230,10 @@ class AdaptivePolicy(Policy):
         if arm is None:  # a forced route's response, or another worker's: the arm starts as the pool lists it
             arm = self._arms[completion.backend] = listed_arm(self._new_arm, self._live, completion.backend)
         self._forecast.finished(completion.ttft + completion.decode_seconds)
+        if completion.streamed:
+            arm.streamed += 1
+        else:
+            arm.unstreamed += 1
         arm.learn_tau(completion.output_tokens, completion.token_chunks)
         self._learn_prompt(arm, completion)
         tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
@@ -245,6 +255,17 @@ class AdaptivePolicy(Policy):
         if arm.estimator.relearns > relearns:  # this backend changed: the comparison is open again
             for each in self._arms.values():
                 each.probe_interval = self.probe_every
+
+    def _learn_steps(self, arm: Arm, reading: StepReading | None) -> None:
+        """A backend whose responses are never streamed learns its curve and tau from its engine's decode
+        steps (co-located: only over stretches where the other server of its group ran none)."""
+        if reading is None or not arm.engine_taught:
+            return
+        if (arm.shared or self.colocated) and not reading.alone:
+            arm.shared_skipped += 1
+            return
+        arm.learn_tau(reading.tokens, reading.request_steps)
+        arm.estimator.observe(reading.batch, reading.tpot, reading.tokens)
 
     def predicted_tpot(self, snapshot: PoolSnapshot, backend: str) -> float | None:
         """Its fitted TPOT for one more request on `backend`'s group at `snapshot`'s load (as `beliefs`)."""
