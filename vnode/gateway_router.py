@@ -8,8 +8,9 @@ of progress it reports learned at once; at the end the usage (`Pool.record_outpu
 stream of at least two tokens, the `Completion` the relay builds from the slot's decode window,
 learned then (one worker: the board's ring replays each record to the policy as it is recorded); the
 slot is released last. The pool runs on the
-model's clock; every backend is ready from the start, as the envelope waits for them to be, with its
-KV capacity known as its first `/v1/loads` tells the health checker.
+model's clock; every backend is ready from the start, as the envelope waits for them to be, and its
+`/v1/loads` (KV capacity, prefill counters, decode moments) is its engine's at the health checker's
+last poll.
 
 The node's hop (the request path's cost, each way) lies between the gateway and its servers: the
 gateway stamps a request's arrival before it parses, routes and forwards it, and the server reads and
@@ -23,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from backends.sim.core import EngineCore
+from gateway.config import HealthConfig
 from gateway.errors import OpenAIError
 from gateway.dialects.openai import messages_text
 from gateway.policies import Completion, Policy, Progress, Prompt, route
@@ -81,14 +84,39 @@ class GatewayRouter:
         self._index = {b.name: i for i, b in enumerate(backends)}
         self._flights: dict[str, _Flight] = {}
         self.prefix_estimate = PrefixEstimate(len(backends))
+        self.ready_interval = HealthConfig().ready_interval  # the health checker's `/v1/loads` poll period
+        self._cores: tuple[EngineCore, ...] = ()
+        self._next_poll: float | None = None
 
-    def engines_loaded(self, capacities: Sequence[int]) -> None:
-        """Each backend's KV capacity in tokens, in the pool's order, as its first `/v1/loads` reports it
-        (the health checker's poll once it is ready; the capacity does not change while it runs)."""
-        for backend, capacity in zip(self.pool, capacities, strict=True):
-            backend.engine_load = EngineLoad(None, None, 1, ({"dp_rank": 0, "max_total_num_tokens": capacity},))
+    def engines_attached(self, cores: Sequence[EngineCore]) -> None:
+        """The servers' engine cores, in the pool's order: each backend's `/v1/loads` is then what its engine
+        reports at the health checker's polls (every `ready_interval`, the first at once), taken at the
+        first routing after each poll instant."""
+        self._cores = tuple(cores)
+        self._next_poll = None
+        self._poll(0.0)
+
+    def _poll(self, now: float) -> None:
+        if not self._cores or (self._next_poll is not None and now < self._next_poll):
+            return
+        for backend, core in zip(self.pool, self._cores, strict=True):
+            moments = core.decode_moments
+            report = {
+                "dp_rank": 0,
+                "max_total_num_tokens": core.table.max_total_tokens,
+                "total_prefill_uncached_tokens": core.prefill_tokens_total,
+                "total_prefill_busy_us": int(core.prefill_busy_seconds * 1e6),
+                "decode_moments": list(moments) if moments[0] > 0 else None,
+            }
+            backend.engine_load = EngineLoad(None, None, 1, (report,))
+        step = self.ready_interval
+        nxt = now + step if self._next_poll is None else self._next_poll
+        while nxt <= now:
+            nxt += step
+        self._next_poll = nxt
 
     def route(self, request: Request, now: float, pending: int = 0) -> int:
+        self._poll(now)
         pool = self.pool
         pool.pending = pending
         inflight = pool.total_inflight

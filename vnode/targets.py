@@ -89,7 +89,7 @@ class TargetSpec:
                 core.steps = RequestDraws(core.table, self.sim.seed, core.steps.target)
             node.add_server(Server(name, core, gpu, node.deliver))
         if isinstance(router, GatewayRouter):
-            router.engines_loaded([core.table.max_total_tokens for core in cores])
+            router.engines_attached(cores)
         return node
 
     def _router(self, names: list[str], clock: Callable[[], float], cores: list[EngineCore], hop: float) -> Router:

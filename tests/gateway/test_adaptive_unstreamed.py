@@ -31,6 +31,25 @@ def reported(snapshot: PoolSnapshot, totals: dict[str, tuple[float, ...]]) -> Po
     return PoolSnapshot(tuple(replace(v, decode_moments=totals.get(v.name.replace("-", "_"), v.decode_moments)) for v in snapshot.backends))
 
 
+def engine_taught(idle: PoolSnapshot) -> tuple[AdaptivePolicy, dict[str, tuple[float, ...]]]:
+    """A one-group policy whose backends answered whole and whose engines reported decode steps at loads
+    1 to 16, each in turn while the other server was idle: the field-8gpu lines' TPOT (EAGLE: 3 tokens a
+    request-step, plain: 1). The first report after the other one's turn spans some of its steps, and is
+    not used. Returns it and the moment sums reported last."""
+    policy = AdaptivePolicy()
+    policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))
+    for name in ("g0-eagle", "g0-plain"):  # answered whole: no chunk times
+        policy.observe(Completion(name, 64, 0.3, 0.0, 0.0, 0.0, prompt_tokens=100))
+    assert not policy.beliefs()["backends"]["g0-eagle"]["points"]
+    totals = {"g0_eagle": moments(1, 1, 1.0, 1.0), "g0_plain": moments(1, 1, 1.0, 1.0)}
+    policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    for name, line, tau in (("g0_eagle", FIELD_EAGLE, 3.0), ("g0_plain", FIELD_PLAIN, 1.0)):
+        for n in [*range(1, 17)] * 4:  # each load's band measured a few times
+            totals[name] = plus(totals[name], moments(MIN_STEPS, n, 1000 * tau * line.at(n), tau))
+            policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    return policy, totals
+
+
 def test_a_response_not_streamed_teaches_its_usage_and_never_a_pace() -> None:
     policy = trained(1, FIELD_EAGLE, FIELD_PLAIN)
     observed = policy.beliefs()["backends"]["g0-plain"]["observations"]
@@ -46,17 +65,17 @@ def test_a_response_not_streamed_teaches_its_usage_and_never_a_pace() -> None:
     assert policy.beliefs()["prefill_seconds_per_token"] == {"plain": pytest.approx(1e-4)}
 
 
-def test_the_engines_prefill_counters_price_a_prefix_where_no_stream_taught_a_cost() -> None:
-    # The field group of test_adaptive_groups' conversation test: the conversation is cached on the
-    # plain server, and at 0.1 ms a token EAGLE's prefill of 1,500 more tokens costs more than its
-    # faster decode of 128 saves.
-    policy = trained(1, FIELD_EAGLE, FIELD_PLAIN)
+def test_the_engines_prefill_counters_price_a_prefix_where_no_response_streams() -> None:
+    # The field group of test_adaptive_groups' conversation test, its curves from its engines: the
+    # conversation is cached on the plain server, and at 0.1 ms a token EAGLE's prefill of 1,500 more
+    # tokens costs more than its faster decode of 128 saves.
     idle = groups((0, 0))
+    policy, steps = engine_taught(idle)
     prompt = Prompt(1600.0, {"g0-plain": 1600.0, "g0-eagle": 100.0}, max_tokens=128)
     assert policy.choose(idle, prompt=prompt).backend == "g0-eagle"  # no prefill cost known: the load alone decides
     for tokens in (5_000, 5_100, 10_000, 20_000):  # successive reports; 100 more tokens are too few to read
         busy = 100 * tokens if tokens != 5_100 else 5_000 * 100 + 100 * 900  # 0.1 ms a token, 0.9 over the 100
-        policy.routed(reporting(idle, g0_eagle=(tokens, busy), g0_plain=(tokens, busy)), Decision("g0-eagle", "adaptive_prior"))
+        policy.routed(reporting(reported(idle, steps), g0_eagle=(tokens, busy), g0_plain=(tokens, busy)), Decision("g0-eagle", "adaptive_prior"))
     beliefs = policy.beliefs()
     assert beliefs["engine_prefill_seconds_per_token"] == {"eagle": pytest.approx(1e-4), "plain": pytest.approx(1e-4)}
     assert beliefs["prefill_seconds_per_token"] == beliefs["engine_prefill_seconds_per_token"]
@@ -68,7 +87,10 @@ def test_the_engines_prefill_counters_price_a_prefix_where_no_stream_taught_a_co
     policy.routed(reporting(idle, g0_eagle=(10_300, 90_000 + 10_000 * 300)), Decision("g0-eagle", "adaptive_prior"))
     assert policy.beliefs()["engine_prefill_seconds_per_token"]["eagle"] == pytest.approx(1e-4 + RATE * 2e-4)
 
-    # Streamed responses' times to first token, once there, are what a prefill delays (its queueing too).
+    # Once responses stream, their times to first token price prefixes (what a prefill delays, queueing
+    # included), and where those prompts are short they price none: such a prefill is mostly its step.
+    policy.observe(completion("g0-plain", FIELD_PLAIN, 1.0))
+    assert policy.beliefs()["prefill_seconds_per_token"] == {}
     for _ in range(5):
         policy.observe(Completion("g0-plain", 65, 0.4, 64 * FIELD_PLAIN.at(1), 1.0, 1.0, prompt_tokens=2000))
     assert policy.beliefs()["prefill_seconds_per_token"] == {"plain": pytest.approx(2e-4)}
@@ -105,21 +127,8 @@ def test_engine_steps_read_the_mean_batch_and_the_time_per_token_between_reports
 
 
 def test_backends_whose_responses_are_never_streamed_learn_their_curves_from_their_engines() -> None:
-    policy = AdaptivePolicy()
     idle = groups((0, 0))
-    policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))
-    for name in ("g0-eagle", "g0-plain"):  # answered whole: no chunk times
-        policy.observe(Completion(name, 64, 0.3, 0.0, 0.0, 0.0, prompt_tokens=100))
-    assert not policy.beliefs()["backends"]["g0-eagle"]["points"]
-    # Each engine in turn reports decode steps at loads 1 to 16 while the other server of the group is
-    # idle: the field-8gpu lines' TPOT (EAGLE: 3 tokens a request-step, plain: 1). The first report
-    # after the other one's turn spans some of its steps, and is not used.
-    totals = {"g0_eagle": moments(1, 1, 1.0, 1.0), "g0_plain": moments(1, 1, 1.0, 1.0)}
-    policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
-    for name, line, tau in (("g0_eagle", FIELD_EAGLE, 3.0), ("g0_plain", FIELD_PLAIN, 1.0)):
-        for n in [*range(1, 17)] * 4:  # each load's band measured a few times
-            totals[name] = plus(totals[name], moments(MIN_STEPS, n, 1000 * tau * line.at(n), tau))
-            policy.routed(reported(idle, totals), Decision("g0-eagle", "adaptive_prior"))
+    policy, totals = engine_taught(idle)
     beliefs = policy.beliefs()["backends"]
     assert beliefs["g0-eagle"]["tau"] == pytest.approx(3.0) and beliefs["g0-plain"]["tau"] == pytest.approx(1.0)
     assert policy.crossover() == pytest.approx(FIELD_CROSSOVER, rel=0.1)

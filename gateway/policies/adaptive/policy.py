@@ -122,6 +122,7 @@ class AdaptivePolicy(Policy):
         self._loads: tuple[PoolSnapshot | None, tuple[float, float]] = (None, (0.0, 0.0))  # `_group_loads`' last reading
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
         self._engine_prefill = EnginePrefill()  # ... as the engines count their prefill steps
+        self._streamed = self._unstreamed = 0  # responses seen, streamed and not
         self._engine_steps = EngineSteps()  # each engine's decode steps, for backends no stream teaches
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
         self._footprint: float | None = None  # KV tokens a request holds: mean uncached prompt + output
@@ -232,8 +233,10 @@ class AdaptivePolicy(Policy):
         self._forecast.finished(completion.ttft + completion.decode_seconds)
         if completion.streamed:
             arm.streamed += 1
+            self._streamed += 1
         else:
             arm.unstreamed += 1
+            self._unstreamed += 1
         arm.learn_tau(completion.output_tokens, completion.token_chunks)
         self._learn_prompt(arm, completion)
         tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
@@ -492,9 +495,13 @@ class AdaptivePolicy(Policy):
         return PromptCost(prefill, max(output, 1.0), self._reuse())
 
     def _prefill_costs(self) -> dict[bool, float]:
-        """Per kind, the seconds a prompt token to prefill costs: as streamed responses' times to first
-        token taught it (what a prefill delays, its queueing included), else as the engines count it."""
-        return self._prefill or self._engine_prefill.cost
+        """Per kind, the seconds a prompt token to prefill costs: as long-prompt responses' times to first
+        token taught it (what a prefill delays, its queueing included); where responses come and none is
+        streamed, as the engines count it. Streamed short prompts teach none, and their prefixes stay
+        unpriced: a short prompt's prefill is mostly the step it joins."""
+        if self._prefill or self._streamed or not self._unstreamed:
+            return self._prefill
+        return self._engine_prefill.cost
 
     def _reuse(self) -> float:
         """Later requests expected to build on one request's prefix: with a share h of every prompt found
