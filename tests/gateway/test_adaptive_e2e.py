@@ -17,20 +17,16 @@ import openai
 import pytest
 
 from backends.sim.profiles import load_profile
-from backends.testbed import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess
 from gateway.policies.adaptive.policy import OUTPUT_RATE, REUSE_HORIZON
-from tests.gateway.chat_load import closed_loop
+from tests.gateway.chat_load import closed_loop, default_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
-    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.5", "SPECGATE_SERVER__WORKERS": "1"})  # no --policy: the default
-    try:
-        yield gw
-    finally:
-        gw.stop()
+    yield from default_gateway()
 
 
 async def test_learns_the_crossover_and_routes_by_it(gateway: GatewayProcess) -> None:

@@ -2,53 +2,29 @@
 field-8gpu backends, sent answers that are never streamed.
 
 No response has chunk times, so each backend's curve is learned from its engine's own decode
-step-time moments on `/v1/loads` (polled every second). Driven with the real `openai` client; the policy must learn that speculation
-pays only for a lone request (the profile's crossover is ~1.7) and route by it.
+step-time moments on `/v1/loads` (polled every second). Driven with the real `openai` client; the
+policy must learn that speculation pays only for a lone request (the profile's crossover is ~1.7)
+and route by it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
-from backends.testbed import GatewayProcess, start_gateway
+from backends.testbed import GatewayProcess
+from tests.gateway.chat_load import closed_loop, default_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
-    gw = start_gateway(env={"SPECGATE_LAUNCH__TIME_SCALE": "0.5", "SPECGATE_SERVER__WORKERS": "1"})  # no --policy: the default
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-async def answered(gateway: GatewayProcess, concurrency: int, requests: int) -> Counter[str]:
-    """`requests` chats answered whole (not streamed) from `concurrency` workers; how many each backend served."""
-    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
-    model = (await client.models.list()).data[0].id
-    served: Counter[str] = Counter()
-    remaining = iter(range(requests))
-
-    async def worker() -> None:
-        for i in remaining:
-            raw = await client.chat.completions.with_raw_response.create(
-                model=model, messages=[{"role": "user", "content": f"Tell me story {i}."}], max_tokens=96
-            )
-            assert raw.parse().usage is not None
-            served[raw.headers["x-specgate-backend"]] += 1
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    await client.close()
-    return served
+    yield from default_gateway()
 
 
 async def beliefs(gateway: GatewayProcess) -> dict[str, Any]:
@@ -63,11 +39,11 @@ async def test_learns_the_crossover_from_the_engines_when_no_answer_is_streamed(
     known = await beliefs(gateway)
     while not all(b["points"] for b in known["backends"].values()) or len(known["backends"]) < 2:
         assert asyncio.get_running_loop().time() < deadline, known
-        await answered(gateway, 1, 10)
+        await closed_loop(gateway, 1, 10, stream=False)
         known = await beliefs(gateway)
-    lone = await answered(gateway, 1, 30)
+    lone = await closed_loop(gateway, 1, 30, stream=False)
     assert lone["eagle"] >= 26, lone  # a lone request speculates (probes aside)
-    busy = await answered(gateway, 8, 96)
+    busy = await closed_loop(gateway, 8, 96, stream=False)
     assert busy["plain"] > busy["eagle"], busy
 
     known = await beliefs(gateway)
