@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -64,29 +65,12 @@ async def test_learns_from_reported_cached_tokens_how_far_prompts_build_on_each_
     policy, which learns the prefill cost and the reuse its prefix routing prices (docs/adaptive.md, rule 4)."""
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         before = (await http.get("/admin/status")).json()["policy"]["beliefs"]
-        api = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
-        model = (await api.models.list()).data[0].id
-        messages = [{"role": "system", "content": "You answer in one careful line. " * 120}, {"role": "user", "content": "Hi."}]
-        shares = []
-        for _ in range(6):  # streamed: a stream's decode window is what the policy learns from
-            stream = await api.chat.completions.create(
-                model=model, messages=messages, max_tokens=8, stream=True, stream_options={"include_usage": True},  # type: ignore[arg-type]
-                extra_headers={"x-specgate-route": "plain"},
-            )
-            chunks = [chunk async for chunk in stream]
-            usage = chunks[-1].usage
-            assert usage is not None and usage.prompt_tokens_details is not None
-            shares.append((usage.prompt_tokens_details.cached_tokens or 0) / usage.prompt_tokens)
-            answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "More."}]
-        await api.close()
+        # Streamed: a stream's decode window is what the policy learns from.
+        shares = await conversation(gateway, "You answer in one careful line. ", 6, stream=True, route="plain")
         after = (await http.get("/admin/status")).json()["policy"]["beliefs"]
     # This conversation's first turn was not found cached, each later one almost all.
     assert shares[0] < 0.1 and min(shares[1:]) > 0.9, (before, shares)
-    expected = before["prefix_hit_share"]
-    for share in shares:
-        expected += OUTPUT_RATE * (share - expected)
-    assert after["prefix_hit_share"] == pytest.approx(expected, abs=1e-6)
+    assert after["prefix_hit_share"] == pytest.approx(taught_share(before, shares), abs=1e-6)
     held = after["prefix_hit_share"]
     assert after["prefix_reuse"] == pytest.approx(min(held / (1.0 - held), REUSE_HORIZON))
     assert after["prefill_seconds_per_token"]["plain"] > 0.0  # from the first turn's long uncached prompt
@@ -99,21 +83,12 @@ async def test_answers_not_streamed_teach_the_share_found_cached_and_the_engines
     prefill counters (`/v1/loads`, polled every second) teach its kind's prefill cost, no stream needed."""
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         before = (await http.get("/admin/status")).json()["policy"]["beliefs"]
+        # Routed by the policy: every routing reads the engines' latest counters.
+        shares = await conversation(gateway, "You answer in two short words. ", 4, stream=False)
+        after = (await http.get("/admin/status")).json()["policy"]["beliefs"]
+        assert after["prefix_hit_share"] == pytest.approx(taught_share(before, shares), abs=1e-6), (before, shares)
         api = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
         model = (await api.models.list()).data[0].id
-        messages = [{"role": "system", "content": "You answer in two short words. " * 120}, {"role": "user", "content": "Hi."}]
-        shares = []
-        for _ in range(4):  # routed by the policy: every routing reads the engines' latest counters
-            answer = await api.chat.completions.create(model=model, messages=messages, max_tokens=8)  # type: ignore[arg-type]
-            usage = answer.usage
-            assert usage is not None and usage.prompt_tokens_details is not None
-            shares.append((usage.prompt_tokens_details.cached_tokens or 0) / usage.prompt_tokens)
-            messages += [{"role": "assistant", "content": answer.choices[0].message.content or ""}, {"role": "user", "content": "More."}]
-        after = (await http.get("/admin/status")).json()["policy"]["beliefs"]
-        expected = before["prefix_hit_share"]
-        for share in shares:
-            expected += OUTPUT_RATE * (share - expected)
-        assert after["prefix_hit_share"] == pytest.approx(expected, abs=1e-6), (before, shares)
         # Fresh prompts of a few hundred uncached tokens on each server, then one the policy routes
         # (where the engines' latest counters are read), until both kinds' counters moved enough to
         # read: each kind's cost is then its profile's, at the time scale.
@@ -131,6 +106,41 @@ async def test_answers_not_streamed_teach_the_share_found_cached_and_the_engines
         await api.close()
     for kind, table in (("eagle", profile.eagle), ("plain", profile.plain)):
         assert after["engine_prefill_seconds_per_token"][kind] == pytest.approx(table.prefill_ms_per_token / 1000 * 0.5, rel=0.02)
+
+
+async def conversation(gateway: GatewayProcess, system: str, turns: int, *, stream: bool, route: str | None = None) -> list[float]:
+    """A conversation of `turns` re-sending its history under a long system prompt (`system` x 120), each
+    turn streamed or answered whole (to `route`, or where the policy sends it); each turn's share of its
+    prompt the backend reported cached."""
+    api = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    model = (await api.models.list()).data[0].id
+    messages = [{"role": "system", "content": system * 120}, {"role": "user", "content": "Hi."}]
+    headers = {"x-specgate-route": route} if route else None
+    shares = []
+    for _ in range(turns):
+        if stream:
+            chunks = [chunk async for chunk in await api.chat.completions.create(
+                model=model, messages=messages, max_tokens=8, stream=True, stream_options={"include_usage": True},  # type: ignore[arg-type]
+                extra_headers=headers,
+            )]
+            usage = chunks[-1].usage
+            answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            whole = await api.chat.completions.create(model=model, messages=messages, max_tokens=8, extra_headers=headers)  # type: ignore[arg-type]
+            usage, answer = whole.usage, whole.choices[0].message.content or ""
+        assert usage is not None and usage.prompt_tokens_details is not None
+        shares.append((usage.prompt_tokens_details.cached_tokens or 0) / usage.prompt_tokens)
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "More."}]
+    await api.close()
+    return shares
+
+
+def taught_share(before: dict[str, Any], shares: list[float]) -> float:
+    """The share of prompts found cached the policy believes after `shares`, from what it believed `before`."""
+    expected = float(before["prefix_hit_share"])
+    for share in shares:
+        expected += OUTPUT_RATE * (share - expected)
+    return expected
 
 
 def _rise(points: list[list[float]]) -> float:
