@@ -39,6 +39,7 @@ class Leaver:
     delay: float = 0.0  # before_headers: seconds after sending
     chunks: int = 0  # mid_stream: content chunks read before leaving
     seen_id: str | None = None  # x-request-id, when the headers arrived
+    late: bool = False  # before_headers, but a loaded event loop let the first token arrive first
 
 
 def _leavers(seed: int) -> list[Leaver]:
@@ -49,7 +50,7 @@ def _leavers(seed: int) -> list[Leaver]:
         rid = f"leaver-{i}" if i % 2 == 0 else None
         stream = point != "before_headers" or rng.random() < 0.5
         leaver = Leaver(i, rng.uniform(0, ARRIVALS), point, stream=stream, rid=rid)
-        leaver.delay = rng.uniform(0.01, 0.9 * FIRST_TOKEN_DELAY)
+        leaver.delay = rng.uniform(0.01, 0.6 * FIRST_TOKEN_DELAY)
         leaver.chunks = rng.randint(2, 20)
         out.append(leaver)
     return out
@@ -65,10 +66,14 @@ async def _run(stack: Stack, leaver: Leaver) -> None:
         await asyncio.sleep(leaver.delay)
         request.cancel()  # aiohttp closes the connection of a cancelled request
         try:
-            (await request).close()
-            raise AssertionError(f"headers arrived before client {leaver.index} left")
+            resp = await request
         except asyncio.CancelledError:
             return
+        # The client's timer fired late on a loaded machine: it leaves right after the headers instead.
+        assert resp.status == 200, await resp.text()
+        leaver.late, leaver.seen_id = True, resp.headers["x-request-id"]
+        resp.close()
+        return
     async with stack.session.post(url, data=body, headers=JSON) as resp:
         assert resp.status == 200, await resp.text()
         leaver.seen_id = resp.headers["x-request-id"]
@@ -108,16 +113,21 @@ async def test_a_thousand_clients_leaving_at_random_points_abort_upstream(
 
     states = Counter(str(r["state"]) for r in records)
     upstream_rids = {str(r["rid"]) for r in records}
-    expected = {leaver.rid or leaver.seen_id for leaver in leavers if leaver.point != "before_headers"}
+    expected = {leaver.rid or leaver.seen_id for leaver in leavers if leaver.point != "before_headers" or leaver.late}
     early = [leaver for leaver in leavers if leaver.point == "before_headers"]
+    late = sum(1 for leaver in early if leaver.late)
     early_reached = sum(1 for leaver in early if leaver.rid in upstream_rids)
     record_property("clients", CLIENTS)
     record_property("upstream_requests", len(records))
     record_property("upstream_aborted", states["aborted"])
     record_property("upstream_finished", states["finished"])
     record_property("inflight_after", int(sum(inflight.values())))
+    record_property("early_leavers_late", late)
 
     assert inflight == {"eagle": 0.0, "plain": 0.0}
+    # Each early leaver leaves at least 0.4 s before its first token could come; only a stalled client
+    # loop lets the headers win, and then rarely.
+    assert late <= 0.05 * len(early), late
     assert states == {"aborted": len(records)}, states
     assert expected <= upstream_rids, f"{len(expected - upstream_rids)} streams never reached a backend"
     known = {leaver.rid for leaver in leavers if leaver.rid} | {leaver.seen_id for leaver in leavers if leaver.seen_id}
