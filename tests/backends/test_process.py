@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import socket
 import sys
@@ -114,9 +115,18 @@ def test_a_port_in_use_or_handed_out_is_not_picked(monkeypatch: pytest.MonkeyPat
         taken.listen()
         busy = taken.getsockname()[1]
         monkeypatch.setattr(backends.process, "_ephemeral_range", lambda: (60_000, 60_999))
-        candidates = iter([busy, given, given + 1 if given + 1 != busy else given + 2])
-        monkeypatch.setattr(backends.process._rng, "randrange", lambda lo, hi: next(candidates))
-        assert free_loopback_port() not in (busy, given)
+        # Then every port up from `given`: the next one may be in use by another test process too.
+        candidates = itertools.chain([busy, given], (p for p in range(given + 1, 60_000) if p != busy))
+        tried: list[int] = []
+
+        def pick(lo: int, hi: int) -> int:
+            tried.append(next(candidates))
+            return tried[-1]
+
+        monkeypatch.setattr(backends.process._rng, "randrange", pick)
+        port = free_loopback_port()
+        assert tried[:2] == [busy, given] and port == tried[-1]
+        assert port not in (busy, given)
 
 
 def test_without_room_below_the_range_the_kernel_picks_and_no_port_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
