@@ -128,7 +128,7 @@ class GatewayRouter:
         except OpenAIError as err:
             raise Refused(err.status, err.message) from None
         key = PromptKey.of(messages_text([{"role": role, "content": content} for role, content in request.messages]))
-        prompt = self._prompt(key, request.max_tokens)
+        prompt = self._prompt(key, request.max_tokens, now)
         snapshot = pool.snapshot()
         decision = route(self.policy, snapshot, None, tier, prompt)
         if decision is None:
@@ -141,15 +141,19 @@ class GatewayRouter:
         self._flights[request.rid] = _Flight(slot, now, key, prompt)
         return self._index[decision.backend]
 
-    def _prompt(self, key: PromptKey | None, max_tokens: int) -> Prompt | None:
-        """What admission tells the policy of a prompt: its length and each backend's predicted hold."""
+    def _prompt(self, key: PromptKey | None, max_tokens: int, now: float) -> Prompt | None:
+        """What admission tells the policy of a prompt: its length, each backend's predicted hold and how
+        long ago that prefix was last sent."""
         if key is None:
             return None
         names = self.pool.names
-        held = self.pool.board.prefix.match(key.keys, len(names))
+        prefixes = self.pool.board.prefix
+        held = prefixes.match(key.keys, len(names))
         estimate = self.prefix_estimate
         cached = {name: estimate.cached_tokens(i, n) for i, (name, n) in enumerate(zip(names, held, strict=True)) if n}
-        return Prompt(estimate.prompt_tokens(key.size), cached, max_tokens, estimate.most_tokens(key.size))
+        sent = prefixes.sent_at(key.keys, max(held, default=0))
+        since = now - sent if sent is not None else None
+        return Prompt(estimate.prompt_tokens(key.size), cached, max_tokens, estimate.most_tokens(key.size), since)
 
     def _progress(self, backend: str, window: DecodeWindow) -> None:
         self.policy.paced(Progress(backend, window.seconds, window.chunks, window.mean_inflight, window.mean_group_inflight))

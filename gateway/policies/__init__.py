@@ -48,6 +48,9 @@ class Prompt:
     cached: Mapping[str, float] = field(default_factory=dict)  # backend -> predicted cached tokens
     max_tokens: int | None = None  # the request's limit on its output, when it gave one
     most_tokens: float | None = None  # the most it is likely to hold (None: `tokens`), for KV fit
+    # Seconds since the longest prefix of it some backend holds was last sent (None: none holds any): how
+    # far apart the requests building on that prefix come.
+    since_sent: float | None = None
 
     def uncached(self, backend: str) -> float:
         """The prompt tokens `backend` would have to prefill."""

@@ -146,6 +146,14 @@ class PrefixTable:
         _set(matched, alive, count)
         return matched
 
+    def sent_at(self, keys: Sequence[int], depth: int) -> float | None:
+        """When the first `depth` blocks of `keys` were last sent to any backend (the time its last block was
+        inserted with); None when that block is not in the map."""
+        if depth <= 0:
+            return None
+        slot = self._find(keys[depth - 1])
+        return self._used[slot] if slot >= 0 else None
+
     def insert(self, keys: Sequence[int], backend: int, now: float) -> None:
         """`backend` now holds every block of `keys`."""
         bit = 1 << backend

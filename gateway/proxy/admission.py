@@ -59,10 +59,13 @@ def _prompt(rt: Runtime, job: ProxyJob) -> Prompt | None:
     if key is None:
         return None
     names = rt.pool.names
-    held = rt.pool.board.prefix.match(key.keys, len(names))
+    prefixes = rt.pool.board.prefix
+    held = prefixes.match(key.keys, len(names))
     estimate = rt.prefix_estimate
     cached = {name: estimate.cached_tokens(i, n) for i, (name, n) in enumerate(zip(names, held, strict=True)) if n}
-    job.prompt = Prompt(estimate.prompt_tokens(key.size), cached, job.max_tokens, estimate.most_tokens(key.size))
+    sent = prefixes.sent_at(key.keys, max(held, default=0))
+    since = time.monotonic() - sent if sent is not None else None  # the clock `_sent` inserts with
+    job.prompt = Prompt(estimate.prompt_tokens(key.size), cached, job.max_tokens, estimate.most_tokens(key.size), since)
     return job.prompt
 
 

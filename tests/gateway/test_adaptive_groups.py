@@ -308,3 +308,26 @@ def test_a_conversation_follows_the_faster_decode_once_its_turns_are_seen_to_bui
         policy.observe(Completion("g0-plain", 65, 0.1, 64 * FIELD_PLAIN.at(1), 1.0, 1.0, prompt_tokens=4000, cached_tokens=3000))
     assert policy.beliefs()["prefill_seconds_per_token"]["plain"] == pytest.approx(1e-4)
     assert policy.choose(groups((0, 0)), prompt=prompt).backend == "g0-eagle"
+
+
+def test_a_conversations_next_turn_is_not_moved_for_a_load_that_will_have_passed() -> None:
+    # Two llama8b-h100 groups on EAGLE; g0 decodes one request and holds 150 more of this prompt's tokens
+    # than g1 (15 ms of prefill). Prompts are three quarters cached, so a placement counts for three later
+    # requests, and requests live about 0.7 s.
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    for _ in range(400):
+        policy.observe(Completion("g0-eagle", 129, 0.2, 128 * LLAMA_EAGLE.at(1), 1.0, 1.0, prompt_tokens=8000, cached_tokens=6000))
+    assert policy.beliefs()["prefix_reuse"] == pytest.approx(3.0, abs=0.1)
+
+    def prompt(since_sent: float | None) -> Prompt:
+        held = {"g0-eagle": 1750.0, "g0-plain": 1600.0, "g1-eagle": 1600.0, "g1-plain": 1600.0}
+        return Prompt(1750.0, held, 128, since_sent=since_sent)
+
+    node = groups((1, 0), (0, 0))
+    # Its prefix was sent moments ago (a shared prompt whose users keep coming) or it is not known when:
+    # g0's extra request is there for the later ones too, and moving repays the prefill.
+    assert policy.choose(node, prompt=prompt(None)).backend == "g1-eagle"
+    assert policy.choose(node, prompt=prompt(0.0)).backend == "g1-eagle"
+    # Sent two seconds ago (a conversation's last turn and a think time): g0's request will have ended
+    # when the next turn comes.
+    assert policy.choose(node, prompt=prompt(2.0)) == Decision("g0-eagle", "adaptive_prefix")

@@ -265,6 +265,24 @@ def test_a_conversation_moves_to_the_faster_decode_when_its_next_turns_repay_the
     assert choose([eagle(), plain()], prompt=PromptCost(held, output_tokens=128, reuse=3.0)) == ("eagle-g0", "adaptive_predicted_faster")
 
 
+def test_a_groups_load_now_counts_for_the_later_turns_only_as_far_as_it_lasts_until_them() -> None:
+    # llama8b-h100, two groups on EAGLE: g0 holds the conversation so far and decodes one request, g1 is
+    # idle and would prefill 15 ms of it. For this turn alone g0's extra request costs 128 tokens about
+    # 7 ms: it stays. Its next three turns build on it where it goes; if g0's load lasted until they
+    # come (a shared prompt whose users keep coming, persistence 1), each would decode slower there too
+    # and the move repays the prefill. A conversation's next turn comes a life or more later, when that
+    # request has ended (persistence 0): priced at what EAGLE costs on either group, it stays.
+    backends = [eagle("g0", 1, line=LLAMA_E), plain("g0", line=LLAMA_P), eagle("g1", line=LLAMA_E), plain("g1", line=LLAMA_P)]
+    held = {"eagle-g0": 0.0, "plain-g0": 15.0, "eagle-g1": 15.0, "plain-g1": 15.0}
+    assert choose(backends, prompt=PromptCost(held, output_tokens=128)) == ("eagle-g0", "adaptive_prefix")
+    assert choose(backends, prompt=PromptCost(held, output_tokens=128, reuse=3.0)) == ("eagle-g1", "adaptive_predicted_faster")
+    assert choose(backends, prompt=PromptCost(held, output_tokens=128, reuse=3.0, persistence=0.0)) == ("eagle-g0", "adaptive_prefix")
+    # What the later turns gain from the kind of placement holds whenever they come: an idle field group
+    # whose plain server holds the conversation (above) still moves it to EAGLE for them.
+    idle = {"eagle-g0": 150.0, "plain-g0": 0.0}
+    assert choose([eagle(), plain()], prompt=PromptCost(idle, output_tokens=128, reuse=3.0, persistence=0.0)) == ("eagle-g0", "adaptive_predicted_faster")
+
+
 def test_a_prefill_is_charged_for_the_requests_it_stalls() -> None:
     # g0, plain with five, holds most of a prompt with a 2-token answer: 10 ms of prefill there, 30 on the
     # idle g1. Alone it would cost less on g0 (10 + 2 x 12.3 against 30 + 2 x 4.8), but it stalls

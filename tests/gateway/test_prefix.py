@@ -31,12 +31,17 @@ def test_equal_prefixes_share_their_block_keys_and_a_partial_block_is_not_keyed(
     assert block_keys(b"t" + base)[0] != block_keys(base)[0]  # a block's key depends on everything before it
 
 
-def test_a_backend_holds_the_blocks_sent_to_it_up_to_where_its_chain_breaks() -> None:
-    t = table()
+def two_prompts() -> tuple[list[int], list[int], int]:
+    """Two prompts' block keys after one system prompt, and how many blocks they share."""
     shared = b"system " * 200
     first = block_keys(shared + b"question one " * 60)
     second = block_keys(shared + b"question two " * 60)
-    common = sum(a == b for a, b in zip(first, second, strict=False))
+    return first, second, sum(a == b for a, b in zip(first, second, strict=False))
+
+
+def test_a_backend_holds_the_blocks_sent_to_it_up_to_where_its_chain_breaks() -> None:
+    t = table()
+    first, second, common = two_prompts()
     assert 0 < common < len(first)
     t.insert(first, 0, now=1.0)
     t.insert(second, 2, now=2.0)
@@ -44,6 +49,16 @@ def test_a_backend_holds_the_blocks_sent_to_it_up_to_where_its_chain_breaks() ->
     assert t.match(second, 3) == [common, 0, len(second)]
     assert t.match(block_keys(b"unrelated " * 100), 3) == [0, 0, 0]
     assert t.occupied() == len(first) + len(second) - common
+
+
+def test_the_map_says_when_a_prefix_was_last_sent() -> None:
+    t = table()
+    first, second, common = two_prompts()
+    t.insert(first, 0, now=1.0)
+    t.insert(second, 2, now=2.5)
+    assert t.sent_at(first, len(first)) == 1.0
+    assert t.sent_at(first, common) == 2.5  # the shared blocks went out again with the second prompt
+    assert t.sent_at(first, 0) is None and t.sent_at(block_keys(b"unrelated " * 100), 1) is None
 
 
 def test_a_full_window_gives_its_least_recently_used_slot_to_a_new_block() -> None:

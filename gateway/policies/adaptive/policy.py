@@ -492,7 +492,7 @@ class AdaptivePolicy(Policy):
         cost = max(costs.values())  # a kind not yet measured: as dear as the dearest
         prefill = {v.name: prompt.uncached(v.name) * costs.get(v.speculative, cost) for v in available}
         output = float(prompt.max_tokens) if prompt.max_tokens is not None else self._mean_output
-        return PromptCost(prefill, max(output, 1.0), self._reuse())
+        return PromptCost(prefill, max(output, 1.0), self._reuse(), self._persistence(prompt))
 
     def _prefill_costs(self) -> dict[bool, float]:
         """Per kind, the seconds a prompt token to prefill costs: as long-prompt responses' times to first
@@ -502,6 +502,16 @@ class AdaptivePolicy(Policy):
         if self._prefill or self._streamed or not self._unstreamed:
             return self._prefill
         return self._engine_prefill.cost
+
+    def _persistence(self, prompt: Prompt) -> float:
+        """The share of each group's load now that the later requests building on this prompt's prefix will
+        still meet: its requests end within a life, so none of it for a prefix sent a life or more ago (a
+        conversation's next turn), all of it for one sent moments ago (a shared prompt whose users keep
+        coming, whose load they are); all of it while the life or the interval is unknown."""
+        life = self._forecast.life
+        if prompt.since_sent is None or life <= 0.0:
+            return 1.0
+        return min(max(1.0 - prompt.since_sent / life, 0.0), 1.0)
 
     def _reuse(self) -> float:
         """Later requests expected to build on one request's prefix: with a share h of every prompt found

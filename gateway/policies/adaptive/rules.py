@@ -90,6 +90,9 @@ class PromptCost:
     # a shared prompt's next users): each decodes where this one is cached, so a decode faster by a
     # little pays back a prefill once, over them all.
     reuse: float = 0.0
+    # The share of a group's load now that those later requests will still meet (1: all of it). The rest of
+    # a difference between groups offering the same kind of placement has passed by then.
+    persistence: float = 1.0
 
 
 def choose(
@@ -98,7 +101,9 @@ def choose(
     """The backend for one request and the reason label; see the module docstring for the rule.
 
     `groups` holds each group's expected load and mode; a group missing from it has neither yet.
-    With `prompt`, each option is priced at its prefill plus its decode of the expected output, and the
+    With `prompt`, each option is priced at its prefill plus its decode of the expected output, for this
+    request and the later ones building on it (those at the mean price of that kind of placement over
+    the groups, moved towards its own by the share of its load that lasts until they come), and the
     other server of a group that holds the prompt's prefix is an option too (`adaptive_prefix_beside`:
     it does not change the group's mode); a group's own choice that differs from the load-only one
     because of the prefill is labelled `adaptive_prefix`.
@@ -129,17 +134,33 @@ def choose(
     # lasting, they made the mode's server look slow and drew the next request beside them too.
     own = [replace(o, predicted=_joined_tpot(o.backend, by_group[o.backend.group], drain=True)) if len(by_group[o.backend.group]) > 1 else o for o in options]
     candidates = own + [_beside(b, by_group[b.group]) for b in holders]
+    usual = _usual_prices(candidates)
 
     def cost(o: _Option) -> tuple[float, int, str]:
         # A prefill stalls the group's running requests as long as it delays this one's first token.
         prefill = prompt.prefill.get(o.backend.name, 0.0) * (1.0 + o.load)
-        seconds = prefill + (o.predicted + o.harm) * prompt.output_tokens * (1.0 + prompt.reuse)
-        return seconds, o.load, o.backend.name
+        price = o.predicted + o.harm
+        later = usual[_kind(o)] + prompt.persistence * (price - usual[_kind(o)])
+        return prefill + (price + prompt.reuse * later) * prompt.output_tokens, o.load, o.backend.name
 
     cheapest = min(candidates, key=cost)
     if cheapest.backend is best.backend or cheapest.reason == "adaptive_prefix_beside":
         return cheapest.backend.name, cheapest.reason
     return cheapest.backend.name, "adaptive_prefix"
+
+
+def _kind(o: _Option) -> tuple[bool, bool]:
+    """What a placement is, whichever group offers it: its mode, and whether beside its group's mode."""
+    return o.backend.speculative, o.reason == "adaptive_prefix_beside"
+
+
+def _usual_prices(candidates: list[_Option]) -> dict[tuple[bool, bool], float]:
+    """Per kind of placement, its mean price (seconds per token, harm included) over the groups offering it:
+    what it costs once the groups' loads now have passed."""
+    prices: dict[tuple[bool, bool], list[float]] = {}
+    for o in candidates:
+        prices.setdefault(_kind(o), []).append(o.predicted + o.harm)
+    return {kind: sum(each) / len(each) for kind, each in prices.items()}
 
 
 def _beside(b: BackendState, members: list[BackendState]) -> _Option:
