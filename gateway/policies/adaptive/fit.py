@@ -8,8 +8,10 @@ straight between measured bands and beyond them at the slope of the measured str
 least zero); with one band measured, at a weak prior slope. So a bent step table is followed where it
 is measured, and a new load is news about the curve there, never taken for a changed backend. A
 backend that changed (a restart with other settings, a drop in acceptance) shows as responses in
-well-measured bands off the same way: every band then moves to the new level and keeps little
-weight, so the curve re-learns within tens of responses.
+well-measured bands at loads apart off the same way: every band then moves to the new level and
+keeps little weight, so the curve re-learns within tens of responses. Responses off at one load only
+move that band: the requests decoding together share their steps' prefills, so their responses are
+off together whatever the backend.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ BAND_MEMORY = 32  # responses a band keeps (its latest)
 SHRINK = 2.0  # responses' worth of weight the line through neighbouring bands has in each band's level
 SHIFT_MEMORY = 9  # residuals whose median sizes a detected change
 NEW_REGIME = 20  # the latest responses when a change is detected, taken to show it already (not moved)
-SPREAD = 2.0  # a slope is read only across points at least this factor apart in load
+SPREAD = 2.0  # a slope, or a changed backend, is read only across points at least this factor apart in load
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ class TpotEstimator:
         self._scale = 0.1
         self._shift_sign = 0.0
         self._shift_mean = 0.0
-        self._residuals: deque[float] = deque(maxlen=SHIFT_MEMORY)  # the latest, against mature bands
+        self._residuals: deque[tuple[float, float]] = deque(maxlen=SHIFT_MEMORY)  # the latest (residual, load), against mature bands
         self._since_relearn = 0
         self._cached: TpotCurve | None = None
         self.version = 0  # moves whenever the curve may have changed
@@ -289,7 +291,7 @@ class TpotEstimator:
         self.observations += 1
         index = band_of(n)
         band = self.bands.setdefault(index, _Band())
-        if band.count >= cfg.mature and self._detect_shift(index, tpot):
+        if band.count >= cfg.mature and self._detect_shift(index, n, tpot):
             band = self.bands[index]
         band.points.append((n, tpot, weight, self.observations))
         band.count += 1
@@ -334,14 +336,17 @@ class TpotEstimator:
             points = [(pn, py - slope * (pn - n), pw) for pn, py, pw in points]
         return n, _median(points, 1, total), total
 
-    def _detect_shift(self, index: int, tpot: float) -> bool:
-        """Run the change detector on a response in a well-measured band; True when it re-learned.
+    def _detect_shift(self, index: int, n: float, tpot: float) -> bool:
+        """Run the change detector on a response at load `n` in a well-measured band; True when it re-learned.
 
         Residuals are clipped to a few running scales, so outliers cannot fake a shift while a real one
-        (every response off by the same margin) still gets through."""
+        (every response off by the same margin) still gets through. A changed backend is off at every
+        load, so the latest residuals must span loads `SPREAD` apart: responses off at one load only
+        (a stretch of prefill-heavy steps, which every request decoding then shares) are news about the
+        curve there, which that band's median follows, not about the others."""
         cfg = self.config
         r = tpot / self.levels()[index][1] - 1.0
-        self._residuals.append(r)
+        self._residuals.append((r, max(n, 1.0)))
         self._since_relearn += 1
         base = cfg.huber_k * self._scale
         clipped = max(-1.5 * base, min(1.5 * base, r))
@@ -349,16 +354,18 @@ class TpotEstimator:
         self._shift_mean += cfg.shift_rate * (clipped - self._shift_mean)
         self._scale += cfg.scale_rate * (min(abs(r), base) * 1.2533 - self._scale)
         self._scale = min(max(self._scale, cfg.scale_floor), cfg.scale_cap)
+        loads = [load for _, load in self._residuals]
         if not (
             self._since_relearn * cfg.shift_rate >= 1.0
             and abs(self._shift_sign) >= cfg.shift_sign
             and abs(self._shift_mean) >= cfg.shift_size
+            and max(loads) >= SPREAD * min(loads)
         ):
             return False
         # Most recent responses sit on one side of measured bands by a material margin: the backend
         # changed. Every band moves by that margin (the median of the latest residuals: unclipped, so a
         # large change is taken whole) and keeps a sliver of its weight.
-        shift = 1.0 + sorted(self._residuals)[len(self._residuals) // 2]
+        shift = 1.0 + sorted(r for r, _ in self._residuals)[len(self._residuals) // 2]
         changed = self.observations - NEW_REGIME  # responses since then already show the change
         for band in self.bands.values():
             band.points = deque(
