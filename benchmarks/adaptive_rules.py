@@ -140,7 +140,7 @@ def choose_cost() -> tuple[float, float]:
 
 
 def group_choose_cost(groups: int = 8) -> float:
-    """Microseconds per `choose` (fitted, steady traffic, a clock and load integral as the pool gives them)
+    """Microseconds per `choose` (fitted, steady traffic, a clock as the pool gives it)
     for `groups` co-located groups of an EAGLE and a plain server."""
     policy = AdaptivePolicy(probe_every=10**9, colocated=True)
 
@@ -150,7 +150,7 @@ def group_choose_cost(groups: int = 8) -> float:
             load = (n + 7 * g) % 24
             eagle = load if load < 12 else 0  # each group runs one mode
             views += [BackendView(f"e{g}", True, True, eagle, f"g{g}"), BackendView(f"p{g}", False, True, load - eagle, f"g{g}")]
-        return PoolSnapshot(tuple(views), at=n * 0.01, load_area=n * 0.01 * groups * 12)
+        return PoolSnapshot(tuple(views), at=n * 0.01)
 
     snapshots = [snapshot(n) for n in range(1000)]
     for n in range(800):

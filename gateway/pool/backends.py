@@ -363,9 +363,7 @@ class Pool:
         """The current state as plain data for a policy."""
         self.sync()
         now = self.clock()
-        backends = self._backends.values()
-        area = sum(b.load_area(now) for b in backends)
-        return PoolSnapshot(tuple(b._view() for b in backends), now, self.pending, area)
+        return PoolSnapshot(tuple(b._view() for b in self._backends.values()), now, self.pending)
 
     def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
         """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per

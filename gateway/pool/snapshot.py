@@ -41,9 +41,6 @@ class PoolSnapshot:
     backends: tuple[BackendView, ...]
     at: float = field(default=0.0, compare=False)  # the pool's clock when it was taken (not part of the state)
     pending: int = 0  # requests that have arrived and wait for their routing decision
-    # The integral of the node's in-flight count up to `at` (request-seconds): its difference between two
-    # snapshots over their time apart is the mean load in between, completions included.
-    load_area: float = field(default=0.0, compare=False)
 
     @property
     def total_inflight(self) -> int:

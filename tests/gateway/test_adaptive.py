@@ -28,16 +28,16 @@ LLAMA_EAGLE = TpotLine(10.71 / 2.9 * MS, 0.149 / 2.9 * MS)
 LLAMA_PLAIN = TpotLine(6.27 * MS, 0.045 * MS)
 
 
-def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True, group: str = "") -> PoolSnapshot:
-    """Two backends; with no `group` each is a group of its own (partitioned)."""
+def snap(eagle: int, plain: int, *, eagle_up: bool = True, plain_up: bool = True, group: str = "", at: float = 0.0) -> PoolSnapshot:
+    """Two backends; with no `group` each is a group of its own (partitioned). `at`: the pool's clock."""
     return PoolSnapshot(
-        (BackendView("eagle", True, eagle_up, eagle, group), BackendView("plain", False, plain_up, plain, group))
+        (BackendView("eagle", True, eagle_up, eagle, group), BackendView("plain", False, plain_up, plain, group)), at
     )
 
 
-def shared(eagle: int, plain: int) -> PoolSnapshot:
+def shared(eagle: int, plain: int, at: float = 0.0) -> PoolSnapshot:
     """Both backends in one group: co-located on the same GPUs."""
-    return snap(eagle, plain, group="g0")
+    return snap(eagle, plain, group="g0", at=at)
 
 
 def completion(backend: str, line: TpotLine, n: float, tokens: int = 129, others: float = 0.0) -> Completion:
@@ -257,9 +257,12 @@ def test_colocated_learns_only_from_responses_that_had_the_gpu_to_themselves() -
 def test_colocated_probes_only_when_the_whole_gpu_is_idle() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=5)
     recent_traffic(policy)
-    reasons = [decide(policy, shared(3, 0)).reason for _ in range(20)]
+    reasons = [decide(policy, shared(3, 0, at=0.01 * k)).reason for k in range(20)]
     assert "adaptive_explore" not in reasons  # plain is idle, but EAGLE's steps would interleave
-    assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
+    # Right after, the group has been carrying four: a probe would likely decode beside EAGLE's.
+    assert decide(policy, shared(0, 0, at=0.25)).reason != "adaptive_explore"
+    # Quiet for a while (the lives `forecast.py` reads), the probe goes.
+    assert decide(policy, shared(0, 0, at=60.0)) == Decision("plain", "adaptive_explore")
 
 
 def decisions_until_probe(policy: AdaptivePolicy, limit: int = 10_000) -> int:
@@ -286,9 +289,9 @@ def test_probes_that_agree_back_off_and_a_surprise_resets_them() -> None:
     assert decisions_until_probe(policy) == 11
 
 
-def quiet_spell(policy: AdaptivePolicy) -> None:
-    """Lone requests on the co-located group g0: its recent load settles near 1, so probes may run."""
-    policy.routed(shared(0, 0), Decision("eagle", "adaptive_predicted_faster"))
+def quiet_spell(policy: AdaptivePolicy, at: float = 0.0) -> None:
+    """Lone requests on the co-located group g0 from `at`: its recent load settles near 1, so probes may run."""
+    policy.routed(shared(0, 0, at), Decision("eagle", "adaptive_predicted_faster"))
     for _ in range(30):
         policy.observe(completion("eagle", LLAMA_EAGLE, 1))
 
@@ -297,17 +300,17 @@ def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)
     quiet_spell(policy)
     recent_traffic(policy)
-    for _ in range(10):
-        decide(policy, shared(3, 0))
-    assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
+    for k in range(10):
+        decide(policy, shared(3, 0, at=0.01 * k))
+    assert decide(policy, shared(0, 0, at=60.0)) == Decision("plain", "adaptive_explore")
     # EAGLE got busy while the probe decoded: its TPOT is not plain's own, and it taught nothing.
     policy.observe(completion("plain", TpotLine(LLAMA_PLAIN.alpha * 3, LLAMA_PLAIN.beta), 1, others=20))
     plain = policy.beliefs()["backends"]["plain"]
     assert plain["shared_skipped"] == 1 and plain["probe_interval"] == 20
-    for _ in range(20):
-        assert decide(policy, shared(0, 0)).backend == "eagle"
-    quiet_spell(policy)  # the shared response said the group was busy: probes wait for quiet again
-    assert decide(policy, shared(0, 0)) == Decision("plain", "adaptive_explore")
+    for k in range(20):
+        assert decide(policy, shared(0, 0, at=60.01 + 0.01 * k)).backend == "eagle"
+    quiet_spell(policy, at=61.0)  # the shared response said the group was busy: probes wait for quiet again
+    assert decide(policy, shared(0, 0, at=61.0)) == Decision("plain", "adaptive_explore")
 
 
 def test_no_colocated_probe_in_a_busy_spell() -> None:
@@ -315,12 +318,12 @@ def test_no_colocated_probe_in_a_busy_spell() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)  # a life of about 0.5 s
     views = (BackendView("eagle", True, True, 16, "g0"), BackendView("plain", False, True, 0, "g0"))
     for step in range(40):  # two seconds of 16 requests in flight
-        policy.routed(PoolSnapshot(views, 0.05 * step, 0, 0.8 * step), Decision("eagle", "adaptive_predicted_faster"))
+        policy.routed(PoolSnapshot(views, 0.05 * step, 0), Decision("eagle", "adaptive_predicted_faster"))
     idle = (BackendView("eagle", True, True, 0, "g0"), BackendView("plain", False, True, 0, "g0"))
     # A lull right after the spell: the group has been carrying 16, whatever it holds now.
-    assert policy.choose(PoolSnapshot(idle, 2.1, 0, 32.0)).reason != "adaptive_explore"
+    assert policy.choose(PoolSnapshot(idle, 2.1, 0)).reason != "adaptive_explore"
     # Once it has been quiet for a few lives, the overdue probe goes.
-    assert policy.choose(PoolSnapshot(idle, 30.0, 0, 32.0)) == Decision("plain", "adaptive_explore")
+    assert policy.choose(PoolSnapshot(idle, 30.0, 0)) == Decision("plain", "adaptive_explore")
 
 
 def test_a_relearn_or_an_outage_resets_the_probe_interval() -> None:

@@ -1,11 +1,14 @@
-"""The load forecast (gateway/policies/adaptive/forecast.py): mean loads read from the pool's load
-integral, the rise of a step up, batches left out of it, and the settled load after a lull."""
+"""The load forecast (gateway/policies/adaptive/forecast.py): the mean load arrivals met, the rise of a
+step up, batches left out of it, and the settled load after a lull."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from gateway.policies.adaptive.forecast import (
+    MET_ARRIVALS,
     RISE_AHEAD,
     RISE_WINDOW,
     SETTLED_LIVES,
@@ -13,67 +16,105 @@ from gateway.policies.adaptive.forecast import (
 )
 
 
-def closed_loop(forecast: LoadForecast, level: int, start: float, seconds: float, step: float = 0.01) -> float:
-    """`level` requests always in flight from `start` for `seconds`, one replaced every `step`; the
-    integral at the end (an integral that starts at `level * start`)."""
+def closed_loop(forecast: LoadForecast, level: int, start: float, seconds: float, step: float = 0.01) -> None:
+    """`level` requests always in flight from `start` for `seconds`, one replaced every `step`."""
     for k in range(round(seconds / step)):
-        t = start + k * step
-        forecast.arrived(t, level * t, level - 1, 0)
-    return level * (start + seconds)
+        forecast.arrived(start + k * step, level - 1, 0)
+
+
+def poisson(forecast: LoadForecast, rate: float, life: float, arrivals: int, seed: int = 0) -> tuple[float, float]:
+    """Open-loop arrivals at `rate` per second, each in flight for `life` seconds, fed to `forecast`; at
+    each arrival after the first hundred, the settled load read just before it (nothing counted as there
+    now). Returns the mean of those readings and the time-averaged in-flight count."""
+    draw = random.Random(seed)
+    t, ends, readings = 0.0, [], []
+    for k in range(arrivals):
+        t += draw.expovariate(rate)
+        ends = [e for e in ends if e > t]
+        if k >= 100:
+            readings.append(forecast.settled(t, 0, 0))
+        forecast.arrived(t, len(ends), 0)
+        ends.append(t + life)
+    return sum(readings) / len(readings), rate * life
 
 
 def test_before_any_request_finished_only_what_is_there_counts() -> None:
     forecast = LoadForecast()
-    forecast.arrived(0.0, 0.0, 0, 0)
-    assert forecast.load(1.0, 5.0, 5, 2) == 8.0  # five in flight, two waiting and this one
-    assert forecast.settled(1.0, 5.0, 5, 2) == 8.0
+    forecast.arrived(0.0, 0, 0)
+    assert forecast.load(1.0, 5, 2) == 8.0  # five in flight, two waiting and this one
+    assert forecast.settled(1.0, 5, 2) == 8.0
 
 
 def test_a_closed_loop_reads_as_its_concurrency_whatever_the_lengths() -> None:
     forecast = LoadForecast()
     forecast.finished(0.5)
-    area = closed_loop(forecast, 16, 0.0, 3.0)
-    assert forecast.load(3.0, area, 15, 0) == pytest.approx(16.0, rel=0.01)
-    assert forecast.settled(3.0, area, 15, 0) == pytest.approx(16.0, rel=0.01)
-    # A wrong mean life changes the window, not the reading: the integral counts what was in flight.
+    closed_loop(forecast, 16, 0.0, 3.0)
+    assert forecast.load(3.0, 15, 0) == pytest.approx(16.0)
+    assert forecast.settled(3.0, 15, 0) == pytest.approx(16.0)
+    # A wrong mean life changes the window, not the reading: every arrival met the same load.
     for life in (0.1, 2.0):
         other = LoadForecast()
         other.finished(life)
         closed_loop(other, 16, 0.0, 3.0)
-        assert other.load(3.0, area, 15, 0) == pytest.approx(16.0, rel=0.01)
+        assert other.load(3.0, 15, 0) == pytest.approx(16.0)
+
+
+def test_an_open_loop_arrival_meets_the_mean_load_and_adds_itself() -> None:
+    """Poisson arrivals see the time-averaged load; each decodes beside it and adds itself."""
+    for rate in (0.25, 0.5, 2.0, 8.0):
+        forecast = LoadForecast()
+        forecast.finished(2.0)
+        read, mean = poisson(forecast, rate, 2.0, 3000)
+        # Within 10% of one more than the mean (a window of few arrivals reads a little light: its
+        # arrivals met fewer), where the time average alone is a whole request short.
+        assert read == pytest.approx(1.0 + mean, rel=0.1)
+
+
+def test_a_light_span_reaches_back_to_the_last_arrivals() -> None:
+    """At light load a life holds one arrival or none: the forecast reads the last few instead."""
+    forecast = LoadForecast()
+    forecast.finished(1.0)
+    for k in range(MET_ARRIVALS):  # each met one other, five seconds apart
+        forecast.arrived(5.0 * k, 1, 0)
+    at = 5.0 * MET_ARRIVALS
+    assert forecast.load(at, 0, 0) == pytest.approx(2.0)
+    assert forecast.settled(at, 0, 0) == pytest.approx(2.0)
+    # Nothing within the last `2 * SETTLED_LIVES` lives: only what is there now.
+    assert forecast.settled(at + 5.0 + 2 * SETTLED_LIVES, 0, 0) == 1.0
 
 
 def test_a_step_up_is_seen_within_a_few_arrivals() -> None:
     forecast = LoadForecast()
     forecast.finished(1.0)
-    area = closed_loop(forecast, 4, 0.0, 4.0)
+    closed_loop(forecast, 4, 0.0, 4.0)
     # Open-loop arrivals come faster: six more in flight within 60 ms, one at a time.
     for k in range(6):
-        t = 4.0 + 0.01 * (k + 1)
-        area += (4 + k) * 0.01
-        forecast.arrived(t, area, 4 + k, 0)
+        forecast.arrived(4.0 + 0.01 * (k + 1), 4 + k, 0)
     t, inflight = 4.07, 10
     expected = inflight + 1 + (inflight - 4) * RISE_AHEAD / RISE_WINDOW
-    assert forecast.load(t, area + 0.1, inflight, 0) == pytest.approx(expected)
+    assert forecast.load(t, inflight, 0) == pytest.approx(expected)
 
 
 def test_a_batch_is_counted_whole_and_not_as_a_rise() -> None:
     forecast = LoadForecast()
     forecast.finished(1.0)
-    area = closed_loop(forecast, 4, 0.0, 4.0)
+    closed_loop(forecast, 4, 0.0, 4.0)
     # Eight requests at one instant: the first sees seven more waiting, the last none.
     for k in range(8):
-        forecast.arrived(4.0, area, 4 + k, 7 - k)
-    assert forecast.load(4.0, area, 12, 0) == 13.0  # what is there, no rise carried ahead
+        forecast.arrived(4.0, 4 + k, 7 - k)
+    assert forecast.load(4.0, 12, 0) == 13.0  # what is there, no rise carried ahead
 
 
 def test_a_lull_after_heavy_traffic_is_not_light_traffic() -> None:
     forecast = LoadForecast()
     forecast.finished(0.5)
-    area = closed_loop(forecast, 32, 0.0, 3.0)
-    # Everything finished; a lone request arrives a life later.
-    assert forecast.load(3.5, area, 0, 0) < 2.0
-    settled = forecast.settled(3.5, area, 0, 0)
-    assert settled == pytest.approx(32 * (SETTLED_LIVES * 0.5 - 0.5) / (SETTLED_LIVES * 0.5), rel=0.02)
-    # Quiet for the settled span: light at last.
-    assert forecast.settled(3.0 + SETTLED_LIVES * 0.5 + 0.1, area, 0, 0) == 1.0
+    closed_loop(forecast, 32, 0.0, 3.0)
+    # Everything finished; a lone request arrives a life and a half later: the last life held no
+    # arrival, and the arrivals before it met 32.
+    assert forecast.settled(3.75, 0, 0) == pytest.approx(32.0)
+    # Lone requests after the lull: each meets only itself, and the settled load falls with them.
+    for k in range(MET_ARRIVALS):
+        forecast.arrived(5.0 + 0.5 * k, 0, 0)
+    assert forecast.load(5.0 + 0.5 * MET_ARRIVALS, 0, 0) == 1.0
+    # Quiet for twice the settled span: light at last, whatever came before.
+    assert forecast.settled(5.0 + 0.5 * MET_ARRIVALS + 2 * SETTLED_LIVES * 0.5, 0, 0) == 1.0

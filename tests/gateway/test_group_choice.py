@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policies.adaptive.fit import Curve, TpotCurve, TpotLine
+from gateway.policies.adaptive.fit import Curve, EstimatorConfig, TpotCurve, TpotEstimator, TpotLine
 from gateway.policies.adaptive.rules import BackendState, GroupState, PromptCost, choose
 
 # field-8gpu's calibrated lines (ms per token): EAGLE step 5.82 + 8.47n at tau 3, plain 4.53 + 1.294n.
@@ -151,6 +151,23 @@ def test_speculation_is_not_trusted_past_where_it_was_measured() -> None:
     assert choose(backends, {"g0": GroupState(16.0, False, settled=16.0)}) == ("plain-g0", "adaptive_group_stay")
     near = [eagle(line=e), plain(inflight=4, line=p, remaining=0.01)]
     assert choose(near, {"g0": GroupState(5.0, False, settled=5.0)}) == ("eagle-g0", "adaptive_group_switch")
+
+
+def test_plain_measured_at_light_load_does_not_hold_a_busy_group_on_eagle() -> None:
+    # Plain decode measured at one and two requests, a few responses slowed by prefills: the stretch's
+    # slope carried to 16 prices plain above EAGLE there, and plain is never sent the load that would
+    # show otherwise. With the prior's slope past twice its reach, the busy group turns to plain.
+    lines = {}
+    for far in (False, True):
+        estimator = TpotEstimator(EstimatorConfig(prior_slope_ratio=0.01, far_prior=far))
+        for n, tpot in [(1.0, 5.9)] * 12 + [(1.25, 7.0)] * 4 + [(1.9, 15.0)] * 4 + [(2.0, 8.6)] * 12:
+            estimator.observe(n, tpot, tokens=127)
+        lines[far] = estimator.curve
+    state = {"g0": GroupState(16.0, True, settled=16.0)}
+    busy = [eagle(inflight=15, remaining=0.5), plain(line=lines[False])]
+    assert choose(busy, state) == ("eagle-g0", "adaptive_predicted_faster")
+    busy = [eagle(inflight=15, remaining=0.5), plain(line=lines[True])]
+    assert choose(busy, state) == ("plain-g0", "adaptive_group_switch")
 
 
 def test_speculation_wins_at_every_load_on_llama() -> None:

@@ -214,6 +214,24 @@ def test_spread_overrides_the_prior_slope() -> None:
     assert predicts(est, truth, range(2, 30), 0.02)
 
 
+def test_far_prior_keeps_a_light_stretch_from_pricing_heavy_loads() -> None:
+    """Plain decode measured only at one and two requests, a few of them slowed by prefills: its slope
+    holds up to twice those loads, and past them the prior's gentler one takes over (with `far_prior`);
+    without it, the stretch's slope is carried to any load."""
+    responses = [(1.0, 5.9e-3)] * 12 + [(1.25, 7.0e-3)] * 4 + [(1.9, 15e-3)] * 4 + [(2.0, 8.6e-3)] * 12
+    plain = TpotEstimator(EstimatorConfig(prior_slope_ratio=0.01, far_prior=True))
+    steep = TpotEstimator(EstimatorConfig(prior_slope_ratio=0.01))
+    for n, tpot in responses:
+        plain.observe(n, tpot, tokens=127)
+        steep.observe(n, tpot, tokens=127)
+    assert plain.predict(3.0) == pytest.approx(steep.predict(3.0))  # within twice the reach: as measured
+    top = plain.predict(4.0)
+    assert steep.predict(4.0) == pytest.approx(top)
+    prior = 0.01 * plain.predict(2.0) / (1 + 0.01 * 2.0)
+    assert plain.predict(16.0) == pytest.approx(top + 12 * prior)
+    assert steep.predict(16.0) > 3 * plain.predict(16.0)  # the stretch's slope, carried eight-fold
+
+
 def test_a_bent_curve_is_followed_where_it_was_measured() -> None:
     """A step table flat at light load and steep at heavy load (a compute-bound batch): a line through
     it misses both ends, the bands follow it."""

@@ -167,7 +167,8 @@ def kind_lines(available: list[BackendView], outlooks: dict[str, Outlook]) -> di
             o.estimator for v in available if v.speculative == kind and (o := outlooks[v.name]).estimator is not None and o.fitted
         ]
         evidence = sum(outlooks[v.name].evidence for v in available if v.speculative == kind and outlooks[v.name].fitted)
-        curve = merged_curve(estimators, estimators[0].config.prior_slope_ratio) if estimators else None
+        config = estimators[0].config if estimators else None
+        curve = merged_curve(estimators, config.prior_slope_ratio, far_prior=config.far_prior) if config else None
         if curve is not None:
             out[kind] = KindLine(curve, max(evidence, 1e-9))
     return out

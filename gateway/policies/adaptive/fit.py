@@ -5,13 +5,14 @@ decoded, and decode seconds per token. Points are kept per band of loads (a quar
 band's level is the weighted median of its latest responses (older ones count less, by `half_life`),
 so another request's long prefill landing in a few responses does not move it. The curve runs
 straight between measured bands and beyond them at the slope of the measured stretch nearest (at
-least zero); with one band measured, at a weak prior slope. So a bent step table is followed where it
-is measured, and a new load is news about the curve there, never taken for a changed backend. A
-backend that changed (a restart with other settings, a drop in acceptance) shows as responses in
-well-measured bands at loads apart off the same way: every band then moves to the new level and
-keeps little weight, so the curve re-learns within tens of responses. Responses off at one load only
-move that band: the requests decoding together share their steps' prefills, so their responses are
-off together whatever the backend.
+least zero); with one band measured, at a weak prior slope (with `far_prior`, also past twice the
+loads measured, where that is gentler). So a bent step table is followed where it is measured, and a
+new load is news about the curve there, never taken for a changed backend. A backend that changed (a
+restart with other settings, a drop in acceptance) shows as responses in well-measured bands at
+loads apart off the same way: every band then moves to the new level and keeps little weight, so the
+curve re-learns within tens of responses. Responses off at one load only move that band: the
+requests decoding together share their steps' prefills, so their responses are off together whatever
+the backend.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class EstimatorConfig:
 
     half_life: float = 200.0  # a band's responses until its old evidence counts half
     prior_slope_ratio: float = 0.1  # with one band measured: slope per request relative to the lone-request TPOT
+    # Past `SPREAD` times the loads measured, the prior's slope where it is gentler than the measured one:
+    # for plain decode, whose curve is corrected as soon as a load is sent there (see `_curve`).
+    far_prior: bool = False
     mature: int = 3  # responses before a band is a point of the curve (while some band is)
     huber_k: float = 2.0  # the change detector clips residuals at 1.5 * k running scales
     scale_floor: float = 0.01  # relative noise floor
@@ -86,11 +90,13 @@ def _load(point: tuple[float, float]) -> float:
 
 @dataclass(frozen=True)
 class TpotCurve:
-    """Straight between measured points (n increasing), beyond them at `low_slope` and `high_slope`."""
+    """Straight between measured points (n increasing), beyond them at `low_slope` and `high_slope`, and
+    past `SPREAD` times the last point's load at `far_slope` (None: `high_slope` all the way)."""
 
     points: tuple[tuple[float, float], ...]
     low_slope: float
     high_slope: float
+    far_slope: float | None = None
     # The points' loads alone: a routing decision reads a curve dozens of times, and a bisection with a
     # key function calls back into Python at every step.
     _loads: tuple[float, ...] = field(init=False, repr=False, compare=False)
@@ -105,13 +111,16 @@ class TpotCurve:
             return max(first_y - self.low_slope * (first_n - n), 0.5 * first_y)
         last_n, last_y = points[-1]
         if n >= last_n:
-            return last_y + self.high_slope * (n - last_n)
+            if self.far_slope is None or n <= SPREAD * last_n:
+                return last_y + self.high_slope * (n - last_n)
+            return last_y + self.high_slope * (SPREAD - 1.0) * last_n + self.far_slope * (n - SPREAD * last_n)
         i = bisect.bisect_left(self._loads, n)  # points[i - 1] < n <= points[i], 0 < i < len
         (n0, y0), (n1, y1) = points[i - 1], points[i]
         return y0 + (y1 - y0) * (n - n0) / (n1 - n0) if n1 > n0 else y1
 
     def scaled(self, factor: float) -> TpotCurve:
-        return TpotCurve(tuple((n, y * factor) for n, y in self.points), self.low_slope * factor, self.high_slope * factor)
+        far = None if self.far_slope is None else self.far_slope * factor
+        return TpotCurve(tuple((n, y * factor) for n, y in self.points), self.low_slope * factor, self.high_slope * factor, far)
 
     @property
     def reach(self) -> float:
@@ -150,7 +159,7 @@ def band_of(n: float) -> int:
     return int(BANDS_PER_OCTAVE * math.log2(n)) if n > 1.0 else 0
 
 
-def merged_curve(estimators: Iterable[TpotEstimator], prior_slope_ratio: float) -> TpotCurve | None:
+def merged_curve(estimators: Iterable[TpotEstimator], prior_slope_ratio: float, *, far_prior: bool = False) -> TpotCurve | None:
     """One curve from several backends' bands (identical servers: their evidence adds up): per band,
     the weighted mean of their levels."""
     sums: dict[int, list[float]] = {}  # band -> [weight, weight * load, weight * TPOT, responses]
@@ -163,7 +172,7 @@ def merged_curve(estimators: Iterable[TpotEstimator], prior_slope_ratio: float) 
             acc[3] += estimator.bands[index].count
     levels = {index: (wn / w, wy / w, w) for index, (w, wn, wy, _) in sums.items()}
     counts = {index: int(acc[3]) for index, acc in sums.items()}
-    return _curve(levels, counts, EstimatorConfig(prior_slope_ratio=prior_slope_ratio))
+    return _curve(levels, counts, EstimatorConfig(prior_slope_ratio=prior_slope_ratio, far_prior=far_prior))
 
 
 def _curve(levels: dict[int, tuple[float, float, float]], counts: dict[int, int], config: EstimatorConfig) -> TpotCurve | None:
@@ -189,7 +198,15 @@ def _curve(levels: dict[int, tuple[float, float, float]], counts: dict[int, int]
     near_bottom = [p for p in points if p[0] <= 4.0 * max(low[0], 1.0)]
     if near_bottom[-1][0] < SPREAD * max(low[0], 1.0):
         near_bottom = list(points)
-    return TpotCurve(points, _slope(near_bottom), _slope(near_top))
+    high_slope = _slope(near_top)
+    if not config.far_prior:
+        return TpotCurve(points, _slope(near_bottom), high_slope)
+    # A slope read off a stretch of light loads is no evidence far beyond them (a few responses slowed by
+    # other requests' prefills steepen it), and plain decode priced too dear there is never sent the
+    # load that would correct it: the group stays on EAGLE however high the load climbs.
+    n, y = high
+    prior = config.prior_slope_ratio * y / (1.0 + config.prior_slope_ratio * n)
+    return TpotCurve(points, _slope(near_bottom), high_slope, min(high_slope, prior))
 
 
 def _local_lines(levels: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
@@ -319,6 +336,7 @@ class TpotEstimator:
         return {
             "points": [[round(n, 2), round(y, 6)] for n, y in curve.points] if curve else [],
             "slope_beyond_seconds_per_request": curve.high_slope if curve else None,
+            "slope_far_beyond_seconds_per_request": curve.far_slope if curve else None,
             "observations": self.observations,
             "effective_observations": round(sum(w for b in self.bands.values() for _, _, w in b.weighted(self.decay)), 2),
             "residual_scale": round(self._scale, 4),

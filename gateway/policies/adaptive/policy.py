@@ -194,7 +194,7 @@ class AdaptivePolicy(Policy):
         chosen = snapshot.get(decision.backend)
         self._last[chosen.group] = f"{decision.backend}: {decision.label}"
         self.lane.routed(decision.tier)
-        self._forecast.arrived(snapshot.at, snapshot.load_area, snapshot.total_inflight, snapshot.pending)
+        self._forecast.arrived(snapshot.at, snapshot.total_inflight, snapshot.pending)
         sizes = Counter(v.group for v in snapshot.backends)
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
@@ -352,8 +352,10 @@ class AdaptivePolicy(Policy):
 
     def _new_arm(self, speculative: bool | None) -> Arm:
         # Plain decode's cost grows least with the batch (what a plain server is for), so its line starts
-        # nearly flat; EAGLE's verification grows with every request, so its starts steeper.
-        config = replace(self.estimator, prior_slope_ratio=PLAIN_PRIOR_SLOPE) if speculative is False else self.estimator
+        # nearly flat, and stays no steeper than that far past the loads it ran at (a plain curve priced too
+        # dear there is never sent the load that would correct it); EAGLE's verification grows with every
+        # request, so its starts steeper.
+        config = replace(self.estimator, prior_slope_ratio=PLAIN_PRIOR_SLOPE, far_prior=True) if speculative is False else self.estimator
         return Arm(TpotEstimator(config), probe_interval=self.probe_every, speculative=speculative)
 
     def _comes_back(self, arm: Arm, view: BackendView) -> bool:
@@ -526,7 +528,7 @@ class AdaptivePolicy(Policy):
         read_on, loads = self._loads
         if read_on is not snapshot:
             groups = len({v.group for v in snapshot.backends if v.available}) or 1
-            reading = (snapshot.at, snapshot.load_area, snapshot.total_inflight, snapshot.pending)
+            reading = (snapshot.at, snapshot.total_inflight, snapshot.pending)
             loads = (self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups)
             self._loads = (snapshot, loads)
         return loads
