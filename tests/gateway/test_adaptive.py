@@ -313,6 +313,43 @@ def test_colocated_probe_whose_response_was_shared_backs_off() -> None:
     assert decide(policy, shared(0, 0, at=61.0)) == Decision("plain", "adaptive_explore")
 
 
+def test_a_kind_never_measured_alone_is_probed_until_its_lone_responses_are_a_point() -> None:
+    """EAGLE first measured at a busy moment (three requests at once) and carried down to one request at
+    its prior slope looks over 30% slower than plain there: out of the running, and with no request
+    sent there nothing would correct it. It is probed whenever its group is quiet until its responses
+    alone make a point of its curve (three), and then a lone request speculates again."""
+    policy = AdaptivePolicy(colocated=True, probe_every=10)
+    decide(policy, shared(0, 0))  # learns which backend is the speculative one
+    for i in range(40):
+        policy.observe(completion("eagle", FIELD_EAGLE, 3))
+        policy.observe(completion("plain", FIELD_PLAIN, 1 + i % 2))
+    predicted = policy.beliefs()["predicted_tpot_seconds"]
+    assert predicted["eagle"] > 1.3 * predicted["plain"]  # the trap: EAGLE priced out at light load
+    decide(policy, shared(0, 1, at=1.0))  # EAGLE just passed over: its probe interval has not run
+    for k in range(3):
+        assert decide(policy, shared(0, 0, at=2.0 + k)) == Decision("eagle", "adaptive_explore")
+        policy.observe(completion("eagle", FIELD_EAGLE, 1))
+    for _ in range(8):  # plain's responses meanwhile: the pooled curves are redrawn every few responses
+        policy.observe(completion("plain", FIELD_PLAIN, 1))
+    decision = decide(policy, shared(0, 0, at=10.0))
+    assert decision.backend == "eagle" and decision.reason != "adaptive_explore"
+
+
+def test_a_never_measured_kind_whose_probe_taught_nothing_waits_its_backoff() -> None:
+    policy = AdaptivePolicy(colocated=True, probe_every=10)
+    decide(policy, shared(0, 0))
+    for i in range(40):
+        policy.observe(completion("eagle", FIELD_EAGLE, 3))
+        policy.observe(completion("plain", FIELD_PLAIN, 1 + i % 2))
+    assert decide(policy, shared(0, 0, at=1.0)) == Decision("eagle", "adaptive_explore")
+    # Plain's requests arrived while the probe decoded: its TPOT is not EAGLE's own, and it taught nothing.
+    policy.observe(completion("eagle", FIELD_EAGLE, 1, others=2))
+    assert policy.beliefs()["backends"]["eagle"]["probe_interval"] == 20
+    for k in range(10):  # the backoff's added interval passes on plain
+        assert decide(policy, shared(0, 0, at=2.0 + k)).backend == "plain"
+    assert decide(policy, shared(0, 0, at=12.0)) == Decision("eagle", "adaptive_explore")
+
+
 def test_no_colocated_probe_in_a_busy_spell() -> None:
     """A probe that lands on a group between bursts would mix the modes for its whole life."""
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)  # a life of about 0.5 s

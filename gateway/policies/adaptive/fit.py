@@ -65,6 +65,11 @@ class Curve(Protocol):
         """The largest in-flight count it was measured at (beyond it, an extrapolation)."""
         ...
 
+    @property
+    def floor(self) -> float:
+        """The smallest in-flight count it was measured at (below it, an extrapolation)."""
+        ...
+
 
 @dataclass(frozen=True)
 class TpotLine:
@@ -82,6 +87,10 @@ class TpotLine:
     @property
     def reach(self) -> float:
         return math.inf  # a line given, not measured: it holds everywhere
+
+    @property
+    def floor(self) -> float:
+        return 0.0
 
 
 def _load(point: tuple[float, float]) -> float:
@@ -125,6 +134,10 @@ class TpotCurve:
     @property
     def reach(self) -> float:
         return self.points[-1][0]
+
+    @property
+    def floor(self) -> float:
+        return self.points[0][0]
 
 
 @dataclass

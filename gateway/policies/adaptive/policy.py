@@ -6,11 +6,11 @@ acceptance length tau and each group's recent load are learned from the same com
 order, each with its own reason label: one backend left (`adaptive_unavailable`); while fits are
 missing, measure unfitted backends on idle groups and let a lone request speculate
 (`adaptive_prior`, `adaptive_explore`); probe a kind unused for its interval on an idle group while
-the fits leave it in the running (`adaptive_explore`, backing off while probes agree); with a TPOT
-target no backend meets, the least harm (`adaptive_slo`); otherwise the (group, mode) rule of
-`rules.py`. `choose` only reads; `routed` stores what a decision changes. Service tiers: priority
-requests are never probes and see the true predictions, default and flex leave the lane
-(`rules.lane_view`), flex goes to plain decode. The rules and their numbers: docs/adaptive.md.
+the fits leave it in the running, or never measured alone (`adaptive_explore`, backing off while
+probes agree); with a TPOT target no backend meets, the least harm (`adaptive_slo`); otherwise the
+(group, mode) rule of `rules.py`. `choose` only reads; `routed` stores what a decision changes.
+Service tiers: priority requests are never probes and see the true predictions, default and flex
+leave the lane (`rules.lane_view`), flex goes to plain decode. Rules and numbers: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -71,6 +71,12 @@ PROBE_BACKOFF_LIMIT = 16
 # lull between bursts, mixes the modes for its whole life, and the arrivals it slows hold the
 # group's share of the load back (docs/adaptive.md#the-decision).
 PROBE_MAX_LOAD = 2.0
+# A kind whose curve starts above this load was never measured on a request alone: below it the curve
+# is its prior slope carried down from a busy moment, which can price the kind out at light load for
+# good (nothing goes there, so nothing corrects it). It is probed at each quiet moment, whatever the
+# fits say, until its lone responses are a point of its curve; after a probe that taught nothing, only
+# once its backoff has added to the interval.
+LONE_LOAD = 1.5
 # Weight of each response in the mean output length and the prefill cost per token.
 OUTPUT_RATE = 0.05
 # The most later requests a placement is priced for (`PromptCost.reuse`): the load a decision sees holds
@@ -395,16 +401,20 @@ class AdaptivePolicy(Policy):
         kinds: dict[bool, KindLine],
     ) -> Decision | None:
         """A probe of a kind (plain first, as ever) that no backend of it has served for its probe
-        interval and that the fits leave in the running: the kind shares one line, so one probe
-        measures it, on a fitted backend of an idle group where there is one (its response judges
-        the probe)."""
+        interval and that the fits leave in the running, or that was never measured alone
+        (`LONE_LOAD`): the kind shares one line, so one probe measures it, on a fitted backend of an
+        idle group where there is one (its response judges the probe)."""
         shared = self.colocated or len({v.group for v in snapshot.backends}) < len(snapshot.backends)
         for kind in (False, True):
             members = sorted((v for v in available if v.speculative == kind), key=lambda v: (not outlooks[v.name].fitted, v.name))
             outs = [outlooks[v.name] for v in members]
-            if not any(o.fitted for o in outs) or any(o.since_routed < o.probe_interval for o in outs):
+            if not any(o.fitted for o in outs):
                 continue
-            if len(kinds) == 2 and not in_the_running(self._kind_line(kind, kinds), self._kind_line(not kind, kinds), self.cap, shared):
+            never_alone = kind in kinds and kinds[kind].line.floor > LONE_LOAD
+            wait = self.probe_every if never_alone else 0  # a never-measured kind waits only for its backoff
+            if any(o.since_routed < o.probe_interval - wait for o in outs):
+                continue
+            if not never_alone and len(kinds) == 2 and not in_the_running(self._kind_line(kind, kinds), self._kind_line(not kind, kinds), self.cap, shared):
                 continue
             for view in members:
                 if self._probeable(snapshot, view):
