@@ -127,13 +127,15 @@ class Endpoint:
         if isinstance(body, ChatCompletionRequest):
             if not body.messages:
                 raise RequestError("Messages cannot be empty.")
-            messages = [(m.role, m.text()) for m in body.messages]
+            messages, continued = body.prompt_messages()
             prompt_ids = chat_prompt_ids(messages)
             prompt_key = chat_prompt_key(messages)
+            if continued:
+                prompt_ids = prompt_ids + vocab.encode(continued)
             prefix = "chatcmpl-"
         else:
             prompt_ids, prompt_key = _completion_prompt(body.prompt)
-            prefix = "cmpl-"
+            prefix, continued = "cmpl-", None
         prompt_tokens = len(prompt_ids)
         limit = self.profile.context_length
         check_context(prompt_tokens, 0, limit)
@@ -152,7 +154,7 @@ class Endpoint:
             prompt_ids=prompt_ids,
             max_new_tokens=max_new,
             is_streaming=body.stream,
-            text_start=self.engine.text.start_for(prompt_key if not choice else f"{prompt_key}#{choice}"),
+            text_start=self._text_start(prompt_key if not choice else f"{prompt_key}#{choice}", continued),
             stop=body.stop_strings(),
             natural_stop=natural_stop,
         )
@@ -160,6 +162,19 @@ class Endpoint:
             return req, ExtrasChatRenderer(req.rid, int(req.created), body.model, body)
         renderer_class = ChatRenderer if isinstance(body, ChatCompletionRequest) else CompletionRenderer
         return req, renderer_class(req.rid, int(req.created), body.model)
+
+    def _text_start(self, prompt_key: str, continued: str | None) -> int:
+        """Where the output starts: the prompt's own place in the text, or, for an answer continued
+        (`continue_final_message`), just past the text given when it is how this prompt's output
+        begins (a greedy model continues its own answer), else a place of the text given's own."""
+        text = self.engine.text
+        start = text.start_for(prompt_key)
+        if not continued:
+            return start
+        given = len(vocab.encode(continued))
+        if text.text(start, 0, given) == continued:
+            return (start + given) % text.length
+        return text.start_for(prompt_key + continued)
 
 
 def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[list[int], str]:

@@ -90,10 +90,26 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    continue_final_message: bool = False
 
     def requested_max_tokens(self) -> int | None:
         """SGLang's rule: max_completion_tokens, else max_tokens."""
         return self.max_completion_tokens or self.max_tokens
+
+    def prompt_messages(self) -> tuple[list[tuple[str, str]], str | None]:
+        """The (role, text) messages the template renders, and the text the prompt then ends with (None: none).
+
+        SGLang's handling of a last assistant message whose content is a string: with
+        `continue_final_message` it leaves the template and its text follows the assistant header (the
+        model continues it); without, it is rendered as a user message.
+        """
+        messages = [(m.role, m.text()) for m in self.messages]
+        last = self.messages[-1] if self.messages else None
+        if last is None or last.role != "assistant" or not isinstance(last.content, str):
+            return messages, None
+        if self.continue_final_message:
+            return messages[:-1], last.content
+        return messages[:-1] + [("user", last.content)], None
 
 
 class CompletionRequest(_GenerationRequest):

@@ -78,6 +78,39 @@ def test_streamed_choices_interleave_with_their_index_and_usage_sums(eagle: SimH
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
 
 
+def _chat(sim: SimHandle, messages: list[dict[str, str]], max_tokens: int, **extra: object) -> dict[str, object]:
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **extra}
+    resp = httpx.post(sim.url() + "/v1/chat/completions", json=body, timeout=20)
+    assert resp.status_code == 200, resp.text
+    return resp.json()  # type: ignore[no-any-return]
+
+
+def test_continue_final_message_continues_the_answer_it_was_given(eagle: SimHandle) -> None:
+    asked = [{"role": "user", "content": "tell me a story"}]
+    whole = _chat(eagle, asked, 8)
+    text = whole["choices"][0]["message"]["content"]  # type: ignore[index]
+    words = text.split(" ")[1:]  # every output token is one word after a space
+    given = "".join(" " + w for w in words[:3])
+    rest = _chat(eagle, asked + [{"role": "assistant", "content": given}], 5, continue_final_message=True)
+    # The given text follows the prompt as tokens of its own, and a greedy model goes on from it.
+    assert rest["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"] + 3  # type: ignore[index]
+    assert given + rest["choices"][0]["message"]["content"] == text  # type: ignore[index]
+    # Text the model would not have written is continued too, from a place of its own.
+    other = _chat(eagle, asked + [{"role": "assistant", "content": " not mine"}], 4, continue_final_message=True)
+    assert other["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"] + 2  # type: ignore[index]
+    assert other["choices"][0]["message"]["content"] != text[: len(other["choices"][0]["message"]["content"])]  # type: ignore[index]
+
+
+def test_a_last_assistant_message_is_rendered_as_a_user_one_without_continue(eagle: SimHandle) -> None:
+    said = [{"role": "user", "content": "the fourth moon"}]
+    as_assistant = _chat(eagle, [*said, {"role": "assistant", "content": "of a far planet"}], 4, rid="as-assistant")
+    as_user = _chat(eagle, [*said, {"role": "user", "content": "of a far planet"}], 4, rid="as-user")
+    assert as_assistant["usage"] == as_user["usage"]
+    # The same tokens: the second finds the first's prompt in the prefix cache up to the reply's header.
+    (entry,) = httpx.get(eagle.url() + "/_test/requests", params={"rid": "as-user"}).json()
+    assert entry["cached_tokens"] >= as_user["usage"]["prompt_tokens"] - 3  # type: ignore[index]
+
+
 def test_ollama_stream_ends_with_sglangs_empty_done_line(eagle: SimHandle) -> None:
     body = {"model": "anything", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 6}}
     resp = httpx.post(eagle.url() + "/api/chat", json=body, timeout=20)
