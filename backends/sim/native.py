@@ -23,11 +23,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from backends.sim import vocab
+from backends.sim.protocol import ChatCompletionRequest
 from backends.sim.request import RequestError, SimRequest
+from backends.sim.tokenizer import chat_prompt_ids
 
 if TYPE_CHECKING:
     from backends.sim.endpoint import Endpoint
@@ -345,8 +348,19 @@ def _logprobs(seq: _Sequence, ids: list[int]) -> dict[str, Any]:
 
 
 def tokenize(ep: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
-    """SGLang's `TokenizeResponse` for a `prompt` string or list of strings."""
-    prompt = body.get("prompt")
+    """SGLang's `TokenizeResponse` for a `prompt` string or list of strings, or for chat `messages` rendered
+    as a chat completion renders them (`continue_final_message` included)."""
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (messages is None):
+        raise RequestError("Exactly one of 'prompt' or 'messages' must be provided.")
+    if messages is not None:
+        try:
+            chat = ChatCompletionRequest.model_validate({"messages": messages, "continue_final_message": body.get("continue_final_message", False)})
+        except ValidationError as exc:
+            raise RequestError(f"invalid messages: {exc.errors()[0].get('msg', 'invalid')}") from None
+        rendered, continued = chat.prompt_messages()
+        ids = chat_prompt_ids(rendered) + (vocab.encode(continued) if continued else [])
+        return {"tokens": ids, "count": len(ids), "max_model_len": ep.profile.context_length}
     if isinstance(prompt, str):
         ids = vocab.encode(prompt)
         return {"tokens": ids, "count": len(ids), "max_model_len": ep.profile.context_length}

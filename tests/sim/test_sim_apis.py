@@ -1,4 +1,4 @@
-"""The simulator's Responses API, Ollama routes and n-choice chat, in SGLang 0.5.23's shapes."""
+"""The simulator's Responses API, Ollama routes, n-choice chat, continued answers and chat tokenize, in SGLang 0.5.23's shapes."""
 
 from __future__ import annotations
 
@@ -109,6 +109,23 @@ def test_a_last_assistant_message_is_rendered_as_a_user_one_without_continue(eag
     # The same tokens: the second finds the first's prompt in the prefix cache up to the reply's header.
     (entry,) = httpx.get(eagle.url() + "/_test/requests", params={"rid": "as-user"}).json()
     assert entry["cached_tokens"] >= as_user["usage"]["prompt_tokens"] - 3  # type: ignore[index]
+
+
+def test_tokenize_counts_what_a_request_would_be_charged(eagle: SimHandle) -> None:
+    url = eagle.url()
+    asked = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me a story"}]
+    charged = _chat(eagle, asked, 2)["usage"]["prompt_tokens"]  # type: ignore[index]
+    told = httpx.post(url + "/v1/tokenize", json={"messages": asked}).json()
+    assert told["count"] == charged == len(told["tokens"]) and told["max_model_len"] > charged
+    given = [*asked, {"role": "assistant", "content": " once upon"}]
+    continued = httpx.post(url + "/v1/tokenize", json={"messages": given, "continue_final_message": True}).json()
+    assert continued["count"] == charged + 2 and continued["tokens"][:charged] == told["tokens"]
+    completion = httpx.post(url + "/v1/completions", json={"prompt": "one two three", "max_tokens": 1}).json()
+    prompts = httpx.post(url + "/tokenize", json={"prompt": ["one two three", "four"]}).json()
+    assert prompts["count"] == [completion["usage"]["prompt_tokens"], 1]
+    for body in ({}, {"prompt": "a", "messages": asked}):
+        refused = httpx.post(url + "/v1/tokenize", json=body)
+        assert refused.status_code == 400 and "Exactly one of 'prompt' or 'messages'" in refused.json()["message"]
 
 
 def test_ollama_stream_ends_with_sglangs_empty_done_line(eagle: SimHandle) -> None:
