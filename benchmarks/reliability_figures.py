@@ -83,8 +83,9 @@ def rows(runs: dict[str, TestRun], soak_row: tuple[str, str, str, bool], fuzz_ro
     return [
         ("SIGKILL one backend under closed-loop load (concurrency 64)",
          (f"{k.get('requests', '?')} requests; {k.get('failed_without_a_byte', '?')} failed that had not received a byte "
-         f"({k.get('retried_on_the_other_backend', '?')} retried on the other backend); {k.get('streams_cut', '?')} streams cut, "
-         f"all ended with an SSE error event + `[DONE]`, the last {k.get('cut_stream_end_after_kill_ms_max', '?')} ms after the kill"),
+         f"({k.get('retried_on_the_other_backend', '?')} retried on the other backend); {k.get('streams_resumed', '?')} streams cut "
+         f"went on on the other backend; {k.get('streams_cut', '?')} that could not (two choices) ended with an SSE error event + "
+         f"`[DONE]`, the last {k.get('cut_stream_end_after_kill_ms_max', '?')} ms after the kill"),
          _cmd("test_backend_kill.py"), kill.passed),
         ("... routing after the kill and after the restart (health interval 0.5 s)",
          (f"backend marked down {k.get('down_detected_s', '?')} s after the kill; routed to again "

@@ -100,6 +100,12 @@ class PolicyConfig(_Section):
     adaptive_half_life: float = Field(
         default=200.0, gt=0, description="adaptive: observations until old TPOT evidence counts half"
     )
+    adaptive_move_running: bool = Field(
+        default=True,
+        description="adaptive: when a co-located group switches mode, its streams still decoding on the other "
+        "server go on on the mode's server where the time saved pays for re-prefilling them (chat and "
+        "completions streams of one choice: their text so far is given back there)",
+    )
     adaptive_colocated: bool | None = Field(
         default=None,
         description="adaptive: both servers share GPUs (steps serialize); unset: the [launch] topology when launching",

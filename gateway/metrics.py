@@ -160,6 +160,12 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         ))
+        self.moves = Labelled(Counter(
+            "specgate_moves",
+            "Streams continued mid-answer on another backend: moved by the policy (switch) or after theirs dropped them (resume)",
+            ["from", "to", "reason"],
+            registry=r,
+        ))
         self.upstream_errors = Labelled(Counter(
             "specgate_upstream_errors", "Failures talking to a backend", ["backend", "kind"], registry=r
         ))

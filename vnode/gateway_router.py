@@ -28,7 +28,7 @@ from backends.sim.core import EngineCore
 from gateway.config import HealthConfig
 from gateway.errors import OpenAIError
 from gateway.dialects.openai import messages_text
-from gateway.policies import Completion, Policy, Progress, Prompt, route
+from gateway.policies import Completion, Decision, Policy, Progress, Prompt, Running, route
 from gateway.pool.backends import Backend, DecodeWindow, Health, Pool, Slot
 from gateway.pool.engine_load import EngineLoad
 from gateway.pool.prefix import PrefixEstimate, PromptKey
@@ -54,6 +54,7 @@ class _Flight:
     prompt: Prompt | None = None
     first_token_at: float | None = None
     token_chunks: int = 0
+    moved: bool = False  # continued on another backend: its life spans two, it teaches no curve
 
 
 class GatewayRouter:
@@ -87,6 +88,7 @@ class GatewayRouter:
         self.ready_interval = HealthConfig().ready_interval  # the health checker's `/v1/loads` poll period
         self._cores: tuple[EngineCore, ...] = ()
         self._next_poll: float | None = None
+        self._moving: list[tuple[str, int]] = []
 
     def engines_attached(self, cores: Sequence[EngineCore]) -> None:
         """The servers' engine cores, in the pool's order: each backend's `/v1/loads` is then what its engine
@@ -139,7 +141,30 @@ class GatewayRouter:
         slot.on_progress = self._progress
         self.policy.routed(snapshot, decision)
         self._flights[request.rid] = _Flight(slot, now, key, prompt)
+        self._moving = self._moves(decision, now) if self.policy.may_move(decision) else []
         return self._index[decision.backend]
+
+    def take_moves(self) -> list[tuple[str, int]]:
+        """The requests the last routing decision moves, as (rid, index of the server they go to)."""
+        moving, self._moving = self._moving, []
+        return moving
+
+    def _moves(self, decision: Decision, now: float) -> list[tuple[str, int]]:
+        """What the exchange does after a group switch: ask the policy which running requests follow it."""
+        running = [  # as the exchange lists them: its slot's chunks and limit, the prompt admission estimated
+            Running(rid, f.slot.backend.name, f.slot.chunks, f.slot.max_tokens, f.prompt.tokens if f.prompt else 0.0, f.prompt.cached if f.prompt else {})
+            for rid, f in self._flights.items()
+        ]
+        keys = self.policy.moves(self.pool.snapshot(), decision, running)
+        return [(rid, self._index[decision.backend]) for rid in keys]
+
+    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        """`request` goes on at server `to` with `produced` output tokens given back: its slot moves there."""
+        flight = self._flights[request.rid]
+        flight.slot.continue_on(self.pool.names[to], max(request.max_tokens - produced, 1))
+        if flight.key is not None:
+            self.pool.board.prefix.insert(flight.key.keys, flight.slot.backend.index, now)
+        flight.moved = True
 
     def _prompt(self, key: PromptKey | None, max_tokens: int, now: float) -> Prompt | None:
         """What admission tells the policy of a prompt: its length, each backend's predicted hold and how
@@ -171,12 +196,12 @@ class GatewayRouter:
         if output_tokens is not None:
             name = slot.backend.name
             self.pool.record_output(name, output_tokens)
-            if flight.key is not None and flight.prompt is not None:  # the exchange's usage accounting
+            if flight.key is not None and flight.prompt is not None and not flight.moved:  # the exchange's usage accounting
                 predicted = flight.prompt.cached.get(name, 0.0)
                 self.pool.record_prompt(name, request.prompt_tokens, cached_tokens, predicted)
                 self.prefix_estimate.learn(slot.backend.index, flight.key.size, request.prompt_tokens, predicted, cached_tokens)
             window = slot.decode_window()
-            if output_tokens >= 2 and window is not None and flight.first_token_at is not None:
+            if output_tokens >= 2 and window is not None and flight.first_token_at is not None and not flight.moved:
                 self.policy.observe(
                     Completion(
                         backend=name,

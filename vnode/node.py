@@ -36,9 +36,13 @@ class _Flight:
     sent: float
     on_done: OnDone
     tier: str | None
+    start: int  # where its output starts in the model's text
     times: list[float] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     produced: int = 0
+    before: int = 0  # output tokens produced on servers it has moved from
+    cached: int | None = None  # prompt tokens its first server found cached (None: not moved, its engine request's)
+    move_to: int | None = None  # the server it moves to at its next chunk
 
 
 class Node:
@@ -67,6 +71,7 @@ class Node:
         self._flights: dict[str, _Flight] = {}
         self._rids = itertools.count()
         self._arriving: Counter[float] = Counter()  # requests arriving at an instant, not yet routed
+        self._engine_rids: dict[str, str] = {}  # a moved request's id -> its engine request's now
 
     def add_server(self, server: Server) -> None:
         """The next server, in the order the router's indices count them."""
@@ -100,7 +105,35 @@ class Node:
             rid=request.rid, prompt_ids=request.prompt_ids, max_new_tokens=request.max_tokens, is_streaming=True,
             text_start=self.text.start_for(request.prompt_key), created=0.0,
         )
-        self._flights[request.rid] = _Flight(request, sim, index, sent, on_done, spec.tier)
+        self._flights[request.rid] = _Flight(request, sim, index, sent, on_done, spec.tier, sim.text_start)
+        server.submit(sim)
+        for rid, to in self.router.take_moves():  # each leaves at its next chunk, as a relay stops between events
+            self._flights[self._engine_rids.get(rid, rid)].move_to = to
+
+    def _move(self, flight: _Flight, to: int, now: float) -> None:
+        """What a gateway's move does to a request: it is aborted where it runs and sent to server `to` with
+        its output so far appended to its prompt (SGLang's `continue_final_message`), for the rest of its
+        limit; a greedy model goes on with the same text. Left where it is if `to` cannot hold it."""
+        old = flight.sim
+        produced = flight.before + old.produced
+        ids = flight.request.prompt_ids + self.text.token_ids(flight.start, 0, produced)
+        left = flight.request.max_tokens - produced
+        server = self.servers[to]
+        try:
+            server.core.check_fits(len(ids), left)
+        except RequestError:
+            return
+        self.servers[flight.server].core.abort(old, now)
+        del self._flights[old.rid]
+        sim = SimRequest(
+            rid=f"{flight.request.rid}~{produced}", prompt_ids=ids, max_new_tokens=left, is_streaming=True,
+            text_start=(flight.start + produced) % self.text.length, created=0.0,
+        )
+        flight.cached = old.cached_tokens if flight.cached is None else flight.cached
+        flight.sim, flight.server, flight.before = sim, to, produced
+        self._flights[sim.rid] = flight
+        self._engine_rids[flight.request.rid] = sim.rid
+        self.router.moved(flight.request, to, produced, now)
         server.submit(sim)
 
     def deliver(self, changed: list[SimRequest], now: float) -> None:
@@ -108,24 +141,32 @@ class Node:
         flights, router = self._flights, self.router
         for sim in changed:
             flight = flights[sim.rid]
-            gained = sim.produced - flight.produced
-            flight.produced = sim.produced
+            gained = flight.before + sim.produced - flight.produced
+            flight.produced = flight.before + sim.produced
             flight.times.append(now)
             flight.counts.append(gained)
             router.chunk(flight.request, now, gained)
             if sim.done:
                 del flights[sim.rid]
-                router.finish(flight.request, now, sim.produced, sim.cached_tokens)
+                self._engine_rids.pop(flight.request.rid, None)
+                router.finish(flight.request, now, flight.produced, self._cached(flight))
                 self.events.at(now + self.hop, ARRIVAL, flight.on_done, self._record(flight))
+            elif flight.move_to is not None:
+                to, flight.move_to = flight.move_to, None
+                self._move(flight, to, now)
+
+    @staticmethod
+    def _cached(flight: _Flight) -> int:
+        return flight.sim.cached_tokens if flight.cached is None else flight.cached
 
     def _record(self, flight: _Flight) -> RequestRecord:
-        sim, hop = flight.sim, self.hop
-        texts = self.text.pieces(sim.text_start, flight.counts)
+        hop = self.hop
+        texts = self.text.pieces(flight.start, flight.counts)
         times = [t + hop for t in flight.times] if hop else flight.times  # when the client reads each chunk
         return RequestRecord(
             start=flight.sent, expected_output=flight.request.max_tokens, headers_at=times[0], end=times[-1],
-            status=200, chunk_times=times, chunk_texts=texts, prompt_tokens=sim.prompt_tokens,
-            completion_tokens=sim.produced, backend=self.backend_names[flight.server], cached_tokens=sim.cached_tokens,
+            status=200, chunk_times=times, chunk_texts=texts, prompt_tokens=flight.request.prompt_tokens,
+            completion_tokens=flight.produced, backend=self.backend_names[flight.server], cached_tokens=self._cached(flight),
             tier=flight.tier,
         )
 

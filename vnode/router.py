@@ -41,6 +41,14 @@ class Router(Protocol):
         its prompt taken from the server's prefix cache."""
         ...
 
+    def take_moves(self) -> list[tuple[str, int]]:
+        """The running requests (by rid) the last routing moves, each with the index of its new server."""
+        ...
+
+    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        """`request` goes on at server `to` with `produced` output tokens given back."""
+        ...
+
 
 class LeastInFlightRouter:
     """The data-parallel baselines' balancer: `loadtest.envelope.balancer.LeastInFlight` itself.
@@ -63,3 +71,9 @@ class LeastInFlightRouter:
 
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         self.balancer.release(self._held.pop(request.rid))
+
+    def take_moves(self) -> list[tuple[str, int]]:
+        return []  # a balancer never moves a request
+
+    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        raise AssertionError("a balancer moves nothing")

@@ -190,6 +190,12 @@ class SmgCacheAwareRouter:
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         self.inflight[self._held.pop(request.rid)] -= 1
 
+    def take_moves(self) -> list[tuple[str, int]]:
+        return []  # SMG never moves a request
+
+    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        raise AssertionError("SMG moves nothing")
+
     def _poll(self, now: float) -> None:
         """Take the load reports due by `now` (SMG polls on a fixed period from its first)."""
         if self._next_poll is not None and now < self._next_poll:

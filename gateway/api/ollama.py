@@ -76,7 +76,8 @@ async def ollama_tags(request: Request) -> Response:
 async def ollama_show(request: Request, body: OllamaShowRequest) -> Response:
     """SGLang's model details in Ollama's format, from any ready backend."""
     rt = runtime_of(request)
-    name, status, payload, content_type = await _from_any_ready(rt, "/api/show", orjson.dumps(await request.json()))
+    # Forwarded as it came (validated above): re-encoding could fail where parsing did not (integers past 64 bits).
+    name, status, payload, content_type = await _from_any_ready(rt, "/api/show", await request.body())
     return Response(payload, status_code=status, media_type=content_type, headers={"x-specgate-backend": name})
 
 

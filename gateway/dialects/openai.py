@@ -22,6 +22,10 @@ from gateway.upstream.http11 import WireResponse
 
 Body = dict[str, Any]
 _SSE = b"text/event-stream; charset=utf-8"
+# SGLang's constrained decoding: a grammar matches a whole answer, not the rest of one.
+_CONSTRAINED = ("regex", "json_schema", "ebnf", "structural_tag")
+# What a chat template renders a prompt with besides its messages (a tokenize body needs them too).
+_TEMPLATE_KEYS = ("chat_template_kwargs", "reasoning_effort")
 
 
 def positive_int(value: Any) -> bool:
@@ -86,6 +90,50 @@ class Dialect:
         """The bytes that end a stream whose headers are already sent."""
         return err.sse_event() + DONE
 
+    def continues(self, body: Body) -> bool:
+        """Whether another backend can go on with this request's streamed answer (`continuation`): one
+        choice of a chat or of one string prompt, no tools, log probabilities, echo or constrained
+        output (a grammar would start again in the middle of the answer)."""
+        if body.get("n") not in (None, 1) or body.get("logprobs") or body.get("tools") or body.get("echo"):
+            return False
+        if any(body.get(key) is not None for key in _CONSTRAINED):
+            return False
+        fmt = body.get("response_format")
+        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+            return False
+        messages = body.get("messages")
+        if messages is not None:
+            return isinstance(messages, list) and bool(messages)
+        return isinstance(body.get("prompt"), str)
+
+    def continuation(self, body: Body, text: str) -> tuple[Body, Body, Body]:
+        """How another backend goes on with a streamed answer that has `text` so far (a request that
+        `continues`): the body that asks it to (chat: the answer given back as a last assistant message
+        SGLang continues, `continue_final_message`; completions: the prompt with the text appended),
+        and the two `/v1/tokenize` bodies whose counts differ by the given text's tokens (the original
+        prompt, the continued one). The caller lowers the output limit (`with_limit`) once it knows
+        the given tokens."""
+        model = body.get("model")
+        messages = body.get("messages")
+        if messages is not None:
+            given = [*messages, {"role": "assistant", "content": text}]
+            rendering = {key: body[key] for key in _TEMPLATE_KEYS if key in body}
+            return (
+                {**body, "messages": given, "continue_final_message": True},
+                {"model": model, "messages": messages, **rendering},
+                {"model": model, "messages": given, "continue_final_message": True, **rendering},
+            )
+        prompt = body["prompt"]
+        return {**body, "prompt": prompt + text}, {"model": model, "prompt": prompt}, {"model": model, "prompt": prompt + text}
+
+    def with_limit(self, body: Body, given: int) -> Body:
+        """`body` with its output limit lowered by `given` tokens already produced (at least 1 left)."""
+        for key in ("max_completion_tokens", "max_tokens"):
+            value = body.get(key)
+            if positive_int(value):
+                return {**body, key: max(value - given, 1)}
+        return body
+
     def upstream_error(self, status: int, payload: bytes) -> OpenAIError:
         """The error the client gets for an upstream error response."""
         return upstream_error(status, payload)
@@ -93,6 +141,9 @@ class Dialect:
 
 class BodyOnlyModel(Dialect):
     """An API whose body the gateway forwards with only `model` rewritten (no usage request, no `rid`)."""
+
+    def continues(self, body: Body) -> bool:
+        return False  # its answers are not handed on
 
     def upstream_body(
         self, body: Body, *, served_model: str | None, stream: bool, client_wants_usage: bool, request_id: str

@@ -13,7 +13,7 @@ May import `gateway.pool`, `gateway.tiers` and `gateway.config`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,11 +97,26 @@ class Progress:
     mean_group_inflight: float
 
 
+@dataclass(frozen=True)
+class Running:
+    """A request decoding, as a policy may move it to another backend: `key` names it to the caller; its
+    backend, the token-bearing chunks it has had, its output limit (None: none given), its prompt's
+    tokens and each backend's predicted hold of them."""
+
+    key: str
+    backend: str
+    chunks: int
+    max_tokens: int | None
+    prompt_tokens: float
+    cached: Mapping[str, float] = field(default_factory=dict)
+
+
 class Policy(ABC):
     """Routing policy interface."""
 
     name: str
     lane: TierLane | None = None  # the service tiers' lane, for a policy that keeps one
+    move_running: bool = False  # `moves` may move streams: the exchange keeps what they relayed
 
     @abstractmethod
     def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
@@ -123,6 +138,16 @@ class Policy(ABC):
 
     def paced(self, progress: Progress) -> None:  # noqa: B027 - static policies learn nothing
         """Learn from a stretch of a response still streaming (the response's `Completion` follows)."""
+
+    def may_move(self, decision: Decision) -> bool:
+        """Whether `moves` may move anything right after `decision` (the caller lists its running requests
+        only then). Static policies move none."""
+        return False
+
+    def moves(self, snapshot: PoolSnapshot, decision: Decision, running: Sequence[Running]) -> list[str]:
+        """Right after `decision` was routed (`routed` called): the keys of the `running` requests to move
+        to `decision.backend`, each continued there from the output it has had. Static policies move none."""
+        return []
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:  # noqa: B027 - static policies need no live view
         """Give the policy a live view of the pool, for beliefs that depend on the current load."""

@@ -146,7 +146,8 @@ class Backend:
 class Slot:
     """One routed request's hold on a backend, and the load its response decoded under.
 
-    `release()` is idempotent; `move_to` re-homes the hold before any byte was exchanged (failover);
+    `release()` is idempotent; `move_to` re-homes the hold before any byte was exchanged (failover),
+    `continue_on` after (a stream continued on another backend);
     `mark_token` stamps each chunk carrying generated tokens, so `decode_window` can tell the
     request's mean load, and counts it towards its backend's relayed chunks. A slot of `weight` w
     (a batched native request: w sequences upstream) counts w in flight and w times the expected output.
@@ -179,6 +180,16 @@ class Slot:
     def released(self) -> bool:
         return self._released
 
+    @property
+    def chunks(self) -> int:
+        """Chunks carrying tokens its response relayed from its backend (since `continue_on`, if it moved)."""
+        return self._chunks
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The output limit it holds its backend for (None: none given)."""
+        return self._max_tokens
+
     def release(self) -> None:
         """Give the slot back; later calls do nothing."""
         if self._released:
@@ -206,6 +217,22 @@ class Slot:
         self.backend._add(-self._expected)
         self.backend = self._pool._take(name, self.weight)
         self._expected = self._expect(self.backend)
+
+    def continue_on(self, name: str, max_tokens: int | None) -> None:
+        """Hold backend `name` for the rest of a response that has started (a stream continued there, its
+        output so far given back): the counts move as `move_to`'s do, the chunks it relayed leave the
+        old backend's count, the decode window starts again, the lease stays."""
+        if self._released:
+            raise RuntimeError("a released slot cannot move")
+        self._pool._release(self.backend, self.weight)
+        self.backend._add(-self._expected, -self._chunks)
+        self.backend = self._pool._take(name, self.weight)
+        self._max_tokens = max_tokens
+        self._expected = self._expect(self.backend)
+        self._chunks = 0
+        self._first = None
+        self._last_at = 0.0
+        self._mark = (0.0, 0.0, 0.0, 0)
 
     def mark_token(self, now: float) -> None:
         """A chunk carrying generated tokens arrived at `now` (on the pool's clock)."""

@@ -7,15 +7,18 @@ admission holds the board's routing lock (pool/board.py) from its first read of 
 slot's count; a waiter waits in the kernel, the lock is held for tens of microseconds (why not
 spin: docs/benchmarks/gateway-overhead.md). With one process the lock is a no-op. A named tenant's
 limits are checked under the same lock, once the request could otherwise be placed, so a request
-the gateway refuses for its own reasons costs its tenant nothing.
+the gateway refuses for its own reasons costs its tenant nothing. A decision that may move running
+streams (a group's switch) asks the policy which of this worker's streams follow it, under the lock.
 """
 
 from __future__ import annotations
 
 import time
 
+from typing import Protocol
+
 from gateway.errors import OpenAIError
-from gateway.policies import Decision, Prompt, failover, route
+from gateway.policies import Decision, Prompt, Running, failover, route
 from gateway.pool.backends import Slot
 from gateway.pool.snapshot import PoolSnapshot
 from gateway.pool.tenant_limits import Refusal
@@ -51,6 +54,41 @@ def fail_over(rt: Runtime, job: ProxyJob, slot: Slot, failed: str) -> bool:
     if moved:
         _sent(rt, job, slot)
     return moved
+
+
+def continue_on(rt: Runtime, job: ProxyJob, slot: Slot, target: str, max_tokens: int | None, reason: str) -> None:
+    """`slot`'s started response goes on on backend `target`, which was given its output so far (`reason`:
+    the policy moved it, "switch", or its backend dropped it, "resume")."""
+    with rt.pool.board.routing:
+        source = slot.backend.name
+        slot.continue_on(target, max_tokens)
+    rt.metrics.moves.labels(source, target, reason).inc()
+    _sent(rt, job, slot)
+
+
+def resume_on(rt: Runtime, job: ProxyJob, failed: str) -> str | None:
+    """Where a started stream that `failed` dropped goes on: the policy decides again, as for a failover
+    (a forced request never moves); None: nowhere else."""
+    if job.forced is not None:
+        return None
+    with rt.pool.board.routing:
+        snapshot = rt.pool.snapshot()
+        decision = failover(rt.policy, snapshot, failed, job.tier, job.prompt)
+        if decision is not None:
+            _placed(rt, job, snapshot, decision)
+    return None if decision is None else decision.backend
+
+
+class Movable(Protocol):
+    """A response in progress as admission may move it: what it is running, and the request to move it."""
+
+    def running(self, key: str) -> Running | None:
+        """It as the policy sees a running request (named `key`); None while it cannot move."""
+        ...
+
+    def move(self, target: str) -> None:
+        """Continue it on backend `target`."""
+        ...
 
 
 def _prompt(rt: Runtime, job: ProxyJob) -> Prompt | None:
@@ -108,7 +146,18 @@ def _admit(rt: Runtime, job: ProxyJob, prompt: Prompt | None) -> Slot:
     slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight)
     slot.lease = lease
     _placed(rt, job, snapshot, decision)
+    if job.forced is None and rt.policy.may_move(decision):
+        _move_strays(rt, decision)
     return slot
+
+
+def _move_strays(rt: Runtime, decision: Decision) -> None:
+    """The requests this worker is streaming that the policy moves after `decision` (a group's switch)."""
+    movable: dict[str, Movable] = {str(i): response for i, response in enumerate(rt.requests)}
+    running = [r for key, response in movable.items() if (r := response.running(key)) is not None]
+    if running:
+        for key in rt.policy.moves(rt.pool.snapshot(), decision, running):
+            movable[key].move(decision.backend)
 
 
 def _move(rt: Runtime, job: ProxyJob, slot: Slot, failed: str, prompt: Prompt | None) -> bool:

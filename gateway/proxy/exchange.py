@@ -8,7 +8,9 @@ response not streamed teaches its life and usage alone. When the client leaves f
 SGLang is still queueing or prefilling and has sent no header yet) the exchange is cancelled, which
 closes the upstream connection, which makes SGLang abort the request. With tracing on, the request's
 trace goes upstream and a sampled one's `ExchangeRecord` (gateway/telemetry) is told the exchange's
-steps; its `Outcome` goes to that record and to the access log.
+steps; its `Outcome` goes to that record and to the access log. A stream the policy moves, or whose
+backend drops it, goes on on another backend from its text so far (`continuation.py`), one answer
+for the client.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -26,14 +30,16 @@ from gateway.dialects.openai import echo_json, stream_echo
 from gateway.edge.body_writer import BodyWriter, body_writer
 from gateway.edge.client_watch import watch_client
 from gateway.errors import OpenAIError
-from gateway.policies import FAILOVER, Completion
+from gateway.policies import FAILOVER, Completion, Running
 from gateway.pool.backends import Backend, Slot
-from gateway.proxy.admission import admit, fail_over
+from gateway.proxy.admission import admit, continue_on, fail_over, resume_on
 from gateway.proxy.cancel import ExchangeCancel
+from gateway.proxy.continuation import continuation
 from gateway.proxy.job import ProxyJob
 from gateway.proxy.rate_limits import quota_headers
-from gateway.relay import StreamResult
+from gateway.relay import Handoff, StreamResult
 from gateway.relay.gaps import GapBuffer
+from gateway.relay.sse import kept_text
 from gateway.runtime import Runtime
 from gateway.telemetry.outcome import Outcome
 from gateway.telemetry.record import ExchangeRecord
@@ -46,6 +52,13 @@ log = logging.getLogger("specgate.proxy")
 
 CLIENT_GONE = "499"  # nginx's convention for "client closed request", as a status label
 UNROUTED = "none"  # backend label of requests refused before routing (draining, overload, none ready)
+# How a stream can fail that another backend can still finish: its backend dropped or stalled it.
+_RESUMABLE = ("disconnected", "truncated", "idle_timeout")
+_MOVE_FAILED = OpenAIError(502, "no backend could go on with the answer", code="upstream_unreachable", type="server_error")
+
+
+def _nothing(_: float) -> None:
+    pass
 
 
 def _headers(job: ProxyJob, slot: Slot, content_type: bytes, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -79,6 +92,8 @@ class ProxyResponse(Response):
         self._usage: dict[str, Any] | None = None
         self._result: StreamResult | None = None  # what the stream relay saw
         self._finish: str | None = None  # a whole response's finish reason (sampled requests only)
+        self._handoff: Handoff | None = None  # while a stream that may move is relayed
+        self._moved_from: str | None = None  # the backend its stream started on, once another went on with it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         telemetry = self._rt.telemetry
@@ -223,6 +238,7 @@ class ProxyResponse(Response):
             finish,
             result.error_kind if result is not None else None,
             self._client_left,
+            self._moved_from,
         )
 
     def _encode(self, backend: Backend) -> bytes:
@@ -273,8 +289,9 @@ class ProxyResponse(Response):
                     502, f"backend {backend.name} sent an invalid response", code="upstream_bad_response", type="server_error"
                 ) from exc
 
-    async def _post(self, backend: Backend) -> WireResponse:
-        """POST upstream; a failure of the gateway's own resources becomes a 503 with Retry-After.
+    async def _post(self, backend: Backend, body: bytes | None = None) -> WireResponse:
+        """POST the request (or a continuation's `body`) upstream; a failure of the gateway's own
+        resources becomes a 503 with Retry-After.
 
         Such a failure leaves the backend's health alone and is not failed over: every other backend
         is behind the same wall.
@@ -286,7 +303,7 @@ class ProxyResponse(Response):
         elif trace is not None:
             headers = trace.upstream_header(new_span_id())
         try:
-            return await rt.upstreams[backend.name].post(self._job.path, self._encode(backend), headers)
+            return await rt.upstreams[backend.name].post(self._job.path, body or self._encode(backend), headers)
         except Exception as exc:
             if rec is not None:
                 rec.attempt_failed(type(exc).__name__)
@@ -357,7 +374,6 @@ class ProxyResponse(Response):
         slot = self._slot
         assert slot is not None
         backend = slot.backend
-        gaps = GapBuffer(rt.metrics.itl.labels(backend.name))  # ITL, added to the histogram once per stream
 
         def on_first(now: float) -> None:
             rt.metrics.ttft.labels(backend.name).observe(now - job.arrived_at)
@@ -381,23 +397,37 @@ class ProxyResponse(Response):
         self._streaming = True
         if slot.weight == 1:  # a batch's chunks interleave several sequences: no pace of one
             slot.on_progress = rt.progress
-        rt.pacer.streams += 1
-        try:
-            result = await job.dialect.relay(
-                resp,
-                send,
-                strip_usage=not job.client_wants_usage,
-                idle_timeout=rt.settings.timeouts.idle,
-                on_first=on_first,
-                on_token=slot.mark_token if slot.lease is None else slot.lease.metering(slot.mark_token),
-                on_gap=gaps.observe if slot.weight == 1 else (lambda _: None),  # a batch's events interleave sequences
-                writer=self._writer,
-                **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
-            )
-        finally:
-            rt.pacer.streams -= 1
-            gaps.flush()
+        # A stream another backend could go on with keeps its token events: the text it goes on from when
+        # the policy moves it or its backend drops it.
+        keep = [] if slot.weight == 1 and job.forced is None and job.dialect.continues(job.body) else None
+        result = await self._relay(resp, send, on_first, keep)
+        first, chunks = result, result.token_chunks
+        while keep and (target := await self._goes_on(result)) is not None:
+            if result.handed_off:  # else the tail is the error event, which the client is spared
+                await send({"type": "http.response.body", "body": result.tail, "more_body": True})
+            resp.close()  # SGLang aborts the request where it stands
+            if self._rec is not None:
+                self._rec.handed_on(result.error_kind)
+            source = slot.backend.name
+            moved = await self._continue(target, kept_text(keep), "switch" if result.handed_off else "resume")
+            if moved is None:  # a drop ends as it would have; a move, as one nobody took up
+                if result.handed_off:
+                    result = StreamResult(error_kind="move_failed", tail=job.dialect.stream_error(_MOVE_FAILED))
+                break
+            if not result.handed_off:
+                assert result.error_kind is not None
+                rt.metrics.upstream_errors.labels(source, result.error_kind).inc()
+            resp, fix = moved
+            self._moved_from = self._moved_from or source
+            try:
+                result = await self._relay(resp, send, None, keep, fix)
+            finally:
+                resp.close()  # the first response is closed where it was sent, a continuation here
+            chunks += result.token_chunks
+        if self._moved_from is not None:  # one stream for the client: its first token, every chunk, the last backend's end
+            result = replace(result, first_token_at=first.first_token_at, token_chunks=chunks)
         self._result = result
+        backend = slot.backend
         await send({"type": "http.response.body", "body": result.tail, "more_body": False})
         if result.error_kind is not None:
             rt.metrics.upstream_errors.labels(backend.name, result.error_kind).inc()
@@ -407,8 +437,9 @@ class ProxyResponse(Response):
         prompt_tokens, cached_tokens = self._count_usage(backend.name, result.usage)
         tokens = int((result.usage or {}).get("completion_tokens") or 0)
         window = slot.decode_window()
-        # A batch's chunks interleave several sequences: its pace says nothing about one sequence's.
-        if tokens >= 2 and window is not None and result.first_token_at is not None and slot.weight == 1:
+        # A batch's chunks interleave several sequences: its pace says nothing about one sequence's; a
+        # moved stream's life spans two backends.
+        if tokens >= 2 and window is not None and result.first_token_at is not None and slot.weight == 1 and self._moved_from is None:
             rt.metrics.tier_tpot.labels(job.tier).observe(window.seconds / (tokens - 1))
             rt.learn(
                 Completion(
@@ -423,6 +454,111 @@ class ProxyResponse(Response):
                     cached_tokens=cached_tokens,
                 )
             )
+
+    async def _relay(
+        self,
+        resp: WireResponse,
+        send: Send,
+        on_first: Callable[[float], None] | None,
+        keep: list[bytes] | None,
+        fix: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> StreamResult:
+        """Relay one upstream stream of the response (a continuation: `fix` its usage, no TTFT); with
+        `keep`, its token events are kept, and where the policy moves streams it can be handed off."""
+        rt, job, slot = self._rt, self._job, self._slot
+        assert slot is not None
+        gaps = GapBuffer(rt.metrics.itl.labels(slot.backend.name))  # ITL, added to the histogram once per stream
+        self._handoff = Handoff() if keep is not None and rt.policy.move_running else None
+        rt.pacer.streams += 1
+        try:
+            return await job.dialect.relay(
+                resp,
+                send,
+                strip_usage=not job.client_wants_usage,
+                idle_timeout=rt.settings.timeouts.idle,
+                on_first=on_first if on_first is not None else _nothing,
+                on_token=slot.mark_token if slot.lease is None else slot.lease.metering(slot.mark_token),
+                on_gap=gaps.observe if slot.weight == 1 else _nothing,  # a batch's events interleave sequences
+                writer=self._writer,
+                **({"annotate": stream_echo(job.tier)} if job.echo_tier else {}),
+                **({"keep": keep, "handoff": self._handoff} if keep is not None else {}),
+                **({"skip_role": True, "usage_fix": fix} if fix is not None else {}),
+            )
+        finally:
+            rt.pacer.streams -= 1
+            gaps.flush()
+            if self._handoff is not None and self._handoff.target is None:
+                self._handoff = None  # ended on its own: nothing to move any more
+
+    async def _goes_on(self, result: StreamResult) -> str | None:
+        """The backend a stream that had token events goes on on: the one it was handed off to, else,
+        when its backend dropped or stalled it, where the policy sends it now (the same backend
+        when it has nothing else); None: it ended."""
+        rt, job, slot = self._rt, self._job, self._slot
+        assert slot is not None
+        if result.handed_off:
+            assert self._handoff is not None and self._handoff.target is not None
+            return self._handoff.target
+        kind, name = result.error_kind, slot.backend.name
+        if kind not in _RESUMABLE:
+            return None
+        if kind == "idle_timeout":
+            rt.health.report_timeout(name, "stream went silent")
+        else:
+            await rt.health.confirm_unreachable(name, f"stream {kind}")
+        return resume_on(rt, job, name) or name
+
+    def running(self, key: str) -> Running | None:
+        """This response as the policy sees a running request, while its stream can be moved."""
+        slot, handoff, prompt = self._slot, self._handoff, self._job.prompt
+        if slot is None or handoff is None or handoff.target is not None or slot.released:
+            return None
+        if prompt is None:
+            return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, 0.0)
+        return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, prompt.tokens, prompt.cached)
+
+    def move(self, target: str) -> None:
+        """End the stream on its backend after its next token event and continue it on `target`."""
+        if self._handoff is not None:
+            self._handoff.request(target)
+
+    async def _continue(
+        self, target: str, text: str | None, reason: str
+    ) -> tuple[WireResponse, Callable[[dict[str, Any]], dict[str, Any]]] | None:
+        """Have `target` go on with the answer, which has `text` so far, else, for a move the policy made
+        (`reason` "switch", which labels its count, as "resume" does a drop's), the live backend it left;
+        the continuation's response (status 200) and its usage fix. None: none goes on with it."""
+        rt, job, slot = self._rt, self._job, self._slot
+        assert slot is not None
+        if text is None:
+            return None
+        source = slot.backend.name
+        for name in dict.fromkeys((target, source) if reason == "switch" else (target,)):
+            backend = rt.pool[name]
+            if not backend.available:
+                continue
+            plan = await continuation(job, backend, rt.upstreams[name], text)
+            if plan is None:
+                rt.metrics.upstream_errors.labels(name, "tokenize").inc()
+                continue
+            limit = None if job.max_tokens is None else max(job.max_tokens - plan.given, 1)
+            continue_on(rt, job, slot, name, limit, reason)
+            try:
+                resp = await self._post(backend, plan.body)
+            except OpenAIError:  # the gateway's own resources, counted where they failed
+                continue
+            except TimeoutError:
+                rt.metrics.upstream_errors.labels(name, "first_byte_timeout").inc()
+                continue
+            except WireError as exc:
+                rt.metrics.upstream_errors.labels(name, "connect" if isinstance(exc, ConnectFailed) else "bad_response").inc()
+                continue
+            if resp.status == 200:
+                rt.health.report_success(name)
+                return resp, plan.usage
+            resp.close()
+            rt.metrics.upstream_errors.labels(name, f"http_{resp.status}").inc()
+        return None
 
     def _count_usage(self, backend: str, usage: dict[str, Any] | None) -> tuple[int, int]:
         """Count a response's usage (and charge its tenant); its (prompt tokens, cached prompt tokens),
@@ -446,7 +582,7 @@ class ProxyResponse(Response):
         cached = reported if isinstance(reported, int) and reported > 0 else 0
         rt.metrics.prefix_hit_tokens.labels(backend).inc(cached)
         key, prompt = self._job.prefix, self._job.prompt
-        if key is None or prompt is None or self._slot is None:
+        if key is None or prompt is None or self._slot is None or self._moved_from is not None:  # a moved answer's prompt grew
             return prompt_tokens, cached
         index = self._slot.backend.index
         predicted = prompt.cached.get(backend, 0.0)

@@ -31,5 +31,23 @@ class StreamResult:
     # completions stream's rides on its last text chunk, relayed undecoded: None).
     finish_reason: str | None = None
     # The stream's last bytes ([DONE], or the error event and [DONE]), not yet sent: the caller sends
-    # them with the response's end, one write instead of two.
+    # them with the response's end, one write instead of two. After a handoff: the last event relayed.
     tail: bytes = b""
+    handed_off: bool = False  # ended between two events for another backend to continue (`Handoff`)
+
+
+class Handoff:
+    """A request that a stream end between two events, for another backend to continue it: made by
+    whoever moves the request (`request`), read by the relay after each token event it relays."""
+
+    __slots__ = ("target", "poke")
+
+    def __init__(self) -> None:
+        self.target: str | None = None  # the backend that continues it, once requested
+        self.poke: Callable[[], None] | None = None  # the relay's: read no more reads past Python
+
+    def request(self, target: str) -> None:
+        """End the stream after its next token event; `target` continues it."""
+        self.target = target
+        if self.poke is not None:
+            self.poke()

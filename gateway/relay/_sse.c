@@ -99,11 +99,12 @@ typedef struct {
     PyObject *flow;       /* the client's flow control: write_paused */
     PyObject *watch;      /* the IdleWatch: reading_since */
     PyObject *loop_time;  /* () -> float: the loop's clock */
+    PyObject *keep;       /* list each read of token chunks is appended to (a movable stream's text), or None */
     int whole;            /* no event is half read, and the stream goes on: a read may take the fast path */
 } TokenSink;
 
 #define SINK_REFS(X) X(slow) X(fail) X(pause) X(result) X(on_first) X(on_gap) X(on_token) \
-    X(transport) X(flow) X(watch) X(loop_time)
+    X(transport) X(flow) X(watch) X(loop_time) X(keep)
 
 static int
 sink_traverse(TokenSink *self, visitproc visit, void *arg)
@@ -136,11 +137,23 @@ static int
 sink_init(TokenSink *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"slow", "fail", "pause", "result", "on_first", "on_gap", "on_token",
-                            "transport", "flow", "watch", "loop_time", NULL};
-    PyObject *refs[11];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOOOOOO:TokenSink", names, &refs[0], &refs[1],
+                            "transport", "flow", "watch", "loop_time", "keep", NULL};
+    /* Every argument is keyword-only and all but `keep` are required: the format can only say that
+       all are optional, so the required ones are checked after parsing. */
+    PyObject *refs[12] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOOOOOOO:TokenSink", names, &refs[0], &refs[1],
                                      &refs[2], &refs[3], &refs[4], &refs[5], &refs[6], &refs[7],
-                                     &refs[8], &refs[9], &refs[10])) {
+                                     &refs[8], &refs[9], &refs[10], &refs[11])) {
+        return -1;
+    }
+    for (int k = 0; k < 11; k++) {
+        if (refs[k] == NULL) {
+            PyErr_Format(PyExc_TypeError, "TokenSink() missing required keyword argument '%s'", names[k]);
+            return -1;
+        }
+    }
+    if (refs[11] != Py_None && !PyList_Check(refs[11])) {
+        PyErr_SetString(PyExc_TypeError, "keep must be a list or None");
         return -1;
     }
     sink_clear(self);
@@ -344,7 +357,8 @@ sink_data(TokenSink *self, PyObject *data)
     Py_INCREF(self);  /* a callback may close the sink */
     PyObject *out = NULL;
     int full = 0;
-    if (tally(self, events) == 0 && (self->transport == NULL || (full = write_chunk(self, data)) >= 0)) {
+    int kept = self->keep == NULL || self->keep == Py_None ? 0 : PyList_Append(self->keep, data);
+    if (kept == 0 && tally(self, events) == 0 && (self->transport == NULL || (full = write_chunk(self, data)) >= 0)) {
         out = self->transport == NULL ? Py_NewRef(Py_None) : after_write(self, full);
     }
     /* As the Python relay: an Exception goes to the request's task, anything else propagates. */

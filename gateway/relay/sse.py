@@ -24,7 +24,7 @@ from starlette.types import Send
 
 from gateway.edge.body_writer import BodyWriter
 from gateway.errors import OpenAIError
-from gateway.relay import ChunkReader, StreamResult
+from gateway.relay import ChunkReader, Handoff, StreamResult
 from gateway.relay.idle_watch import IdleWatch
 from gateway.upstream.errors import WireError
 from gateway.upstream.http11 import MAX_FRAME, WireResponse
@@ -59,6 +59,12 @@ def _carries_tokens(chunk: dict[str, Any]) -> bool:
     )
 
 
+def _opens_answer(choice: dict[str, Any]) -> bool:
+    """Whether a chat chunk's choice only opens the answer: the assistant's role, no text, no finish."""
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and "role" in delta and not delta.get("content") and not choice.get("finish_reason")
+
+
 def read_openai_chunk(chunk: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
     """A chat/completions chunk's usage (None if it has none) and whether it carries generated tokens."""
     return chunk.get("usage"), _carries_tokens(chunk)
@@ -86,7 +92,10 @@ def tokens_by_bytes(event: bytes) -> bool:
 class EventTriage:
     """One stream's events, one at a time: what to send for each, and what the stream told so far."""
 
-    __slots__ = ("result", "ended", "failed", "_strip_usage", "on_first", "on_token", "on_gap", "_read", "by_bytes", "annotate")
+    __slots__ = (
+        "result", "ended", "failed", "_strip_usage", "on_first", "on_token", "on_gap", "_read", "by_bytes", "annotate", "keep",
+        "handoff", "skip_role", "usage_fix",
+    )
 
     def __init__(
         self,
@@ -96,8 +105,18 @@ class EventTriage:
         on_gap: Callable[[float], None],
         read: ChunkReader,
         annotate: Callable[[bytes], bytes] | None,
+        keep: list[bytes] | None = None,
+        handoff: Handoff | None = None,
+        skip_role: bool = False,
+        usage_fix: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.result = StreamResult()
+        self.keep = keep  # each token event's bytes, as they came (a movable stream's text)
+        self.handoff = handoff
+        # A continuation (another backend going on with an answer the client is reading): its opening
+        # role chunk is not the client's to see again, and its usage counts the given text as prompt.
+        self.skip_role = skip_role
+        self.usage_fix = usage_fix
         self.ended = False  # [DONE] came, or the stream failed
         self.failed = False  # ended without [DONE]: the client gets an error event (result.error_kind)
         self._strip_usage = strip_usage
@@ -138,13 +157,22 @@ class EventTriage:
                 return event
             usage, tokens = self._read(chunk)
             if not tokens and (choices := chunk.get("choices")) and isinstance(choices, list) and isinstance(choices[0], dict):
+                if self.skip_role and result.token_chunks == 0 and _opens_answer(choices[0]):
+                    return None
                 result.finish_reason = choices[0].get("finish_reason") or result.finish_reason
+            if usage and self.usage_fix is not None:
+                usage = chunk["usage"] = self.usage_fix(usage)
+                event = b"data: " + orjson.dumps(chunk) + _SEPARATOR
             if usage:
                 result.usage = usage
                 if not chunk.get("choices") and self._strip_usage:
                     return None  # the usage chunk we asked for on the client's behalf
         if tokens:
             self.tokens(1)
+            if self.keep is not None:
+                self.keep.append(event)
+            if self.handoff is not None and self.handoff.target is not None:
+                self.ended = result.handed_off = True  # this event goes out as the tail; another backend goes on
         return event if self.annotate is None else self.annotate(event)
 
     def tokens(self, events: int) -> None:
@@ -174,6 +202,10 @@ async def relay_stream(
     read: ChunkReader = read_openai_chunk,
     annotate: Callable[[bytes], bytes] | None = None,
     writer: BodyWriter | None = None,
+    keep: list[bytes] | None = None,
+    handoff: Handoff | None = None,
+    skip_role: bool = False,
+    usage_fix: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> StreamResult:
     """Relay every event of `resp` to `send` until [DONE], an error or EOF.
 
@@ -187,9 +219,14 @@ async def relay_stream(
     `annotate`, when given, rewrites each chunk event before it is sent (the service tier's echo).
     `read` tells an event's usage so far and whether it carries tokens (the API's chunk format).
     With a `writer` (the server's, for this request) events are relayed as they are read, in the
-    upstream connection's read callback, and written with it instead of `send`.
+    upstream connection's read callback, and written with it instead of `send`. With `keep`, every
+    read holding token events is appended to it as it came (`kept_text` reads the text back). With
+    `handoff`, once it is requested the stream ends after its next token event (`handed_off`, that
+    event the tail, no [DONE]): the caller closes the upstream and another backend goes on. A
+    continuation's relay drops the chat chunk that opens its answer (`skip_role`) and reports usage
+    through `usage_fix` (the result's, and the usage chunk the client gets, re-encoded).
     """
-    events = EventTriage(strip_usage, on_first, on_token, on_gap, read, annotate)
+    events = EventTriage(strip_usage, on_first, on_token, on_gap, read, annotate, keep, handoff, skip_role, usage_fix)
     watch = IdleWatch(idle_timeout)
     try:
         if writer is None:
@@ -260,11 +297,13 @@ class _CallbackRelay:
         self._stopped = False
         # Only OpenAI's chunks are known byte by byte, and annotated events are rewritten one by one.
         self._sink = None
+        if events.handoff is not None:
+            events.handoff.poke = self._no_fast_path
         if TokenSink is not None and events.by_bytes and events.annotate is None:
             self._sink = TokenSink(
                 slow=self._take, fail=self._fail, pause=self._pause, result=events.result,
                 on_first=events.on_first, on_gap=events.on_gap, on_token=events.on_token,
-                transport=writer.transport, flow=writer.flow, watch=watch, loop_time=loop.time,
+                transport=writer.transport, flow=writer.flow, watch=watch, loop_time=loop.time, keep=events.keep,
             )
 
     @property
@@ -294,6 +333,8 @@ class _CallbackRelay:
             self._stopped = True
             if self._sink is not None:
                 self._sink.close()  # it holds this relay's methods: no cycle left for the collector
+            if events.handoff is not None:
+                events.handoff.poke = None  # likewise
         if self._error is not None:
             raise self._error
 
@@ -321,7 +362,7 @@ class _CallbackRelay:
             return
         self._rest = data[start:]
         if self._sink is not None:
-            self._sink.whole = not self._rest
+            self._sink.whole = not self._rest and (events.handoff is None or events.handoff.target is None)
         if len(self._rest) > MAX_FRAME:  # one event larger than the read buffer: not something SGLang sends
             events.fail("malformed_event")
             self._stop()
@@ -329,6 +370,11 @@ class _CallbackRelay:
             self._pause()
         else:
             self._watch.reading_since = self._loop_time()
+
+    def _no_fast_path(self) -> None:
+        """A handoff was requested: every later read goes through `_take`, which ends at a token event."""
+        if self._sink is not None:
+            self._sink.whole = False
 
     def _pause(self) -> None:
         """The client's buffer is full: read no more upstream until it drains."""
@@ -356,3 +402,27 @@ class _CallbackRelay:
     def _wake(self) -> None:
         if not self._wakeup.done():
             self._wakeup.set_result(None)
+
+
+def kept_text(keep: list[bytes]) -> str | None:
+    """The generated text of the token events `relay_stream` kept: each chunk's first choice's content
+    (chat: `delta.content`; completions: `text`), in order. None when an event carried what text
+    alone cannot give back (reasoning, tool calls)."""
+    parts: list[str] = []
+    for blob in keep:
+        for event in blob.split(_SEPARATOR):
+            payload = event[5:].strip() if event.startswith(b"data:") else b""
+            if not payload or payload == b"[DONE]":
+                continue
+            chunk = orjson.loads(payload)
+            choices = chunk.get("choices") if isinstance(chunk, dict) else None
+            if not choices or not isinstance(choices[0], dict):
+                continue
+            choice = choices[0]
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and (delta.get("reasoning_content") or delta.get("tool_calls")):
+                return None
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+    return "".join(parts)

@@ -29,7 +29,8 @@ log = logging.getLogger("specgate.access_log")
 # usage.prompt_tokens_details.cached_tokens (with --enable-cache-report), else 0.
 FIELDS = (
     "time", "request_id", "trace_id", "tenant", "route", "model", "backend", "group", "mode", "tier", "rule", "status",
-    "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "e2e_ms", "failover", "client_gone", "error",
+    "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "e2e_ms", "failover", "moved_from",
+    "client_gone", "error",
 )
 FLUSH_SECONDS = 0.1  # how long a line may wait for the writer
 _MAX_QUEUED = 100_000
@@ -125,7 +126,7 @@ class Line:
             "prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": completion,
             "ttft_ms": None if first is None else _ms(first - arrived_at),
             "e2e_ms": _ms(ended_at - arrived_at),
-            "failover": o.failover, "client_gone": o.client_gone, "error": o.error,
+            "failover": o.failover, "moved_from": o.moved_from, "client_gone": o.client_gone, "error": o.error,
         }, option=orjson.OPT_APPEND_NEWLINE)
 
 

@@ -94,7 +94,8 @@ class ExchangeRecord:
         self.arrived_at = arrived_at
         self._offset = time.time_ns() - time.monotonic_ns()  # monotonic -> epoch ns
         self._route: list[int] = []  # routing's start and end
-        self._attempts: list[list[Any]] = []  # per upstream attempt: span id, backend, start, end, failure
+        # Per upstream attempt: span id, backend, start, end, failure, whether another backend went on with its stream.
+        self._attempts: list[list[Any]] = []
         self._relay_at = 0
 
     def admitting(self) -> None:
@@ -108,13 +109,19 @@ class ExchangeRecord:
     def upstream_header(self, backend: str) -> bytes:
         """An upstream attempt to `backend` starts: the head lines that carry the trace to it."""
         span_id = new_span_id()
-        self._attempts.append([span_id, backend, time.time_ns(), 0, None])
+        self._attempts.append([span_id, backend, time.time_ns(), 0, None, False])
         return self._trace.upstream_header(span_id)
 
     def attempt_failed(self, reason: str) -> None:
         """The last upstream attempt failed before a response (`reason`); a failover may follow."""
         if self._attempts:
-            self._attempts[-1][3:] = [time.time_ns(), reason]
+            self._attempts[-1][3:5] = [time.time_ns(), reason]
+
+    def handed_on(self, failure: str | None) -> None:
+        """The last upstream attempt's stream stopped mid-answer and another attempt goes on with it
+        (`failure`: how it broke; None: the policy moved it)."""
+        if self._attempts:
+            self._attempts[-1][3:] = [time.time_ns(), failure, True]
 
     def responding(self) -> None:
         """The response's head goes to the client: the relay starts."""
@@ -151,10 +158,12 @@ class ExchangeRecord:
                 decision[ROUTE_PREDICTED_TPOT] = o.predicted_tpot * 1e3
             refused = f"HTTP {o.status}" if o.backend is None else None
             spans.append(SpanRecord("route", new_span_id(), root, SpanKind.INTERNAL, self._route[0], self._route[1], decision, refused))
-        for i, (span_id, backend, start, stop, failure) in enumerate(self._attempts):
+        for i, (span_id, backend, start, stop, failure, handed) in enumerate(self._attempts):
             upstream: dict[str, AttributeValue] = {"specgate.backend": backend, "specgate.failover": i > 0}
             events: tuple[tuple[str, int], ...] = ()
-            if failure is None:  # the attempt that answered
+            if handed:
+                upstream["specgate.handed_on"] = True
+            elif failure is None:  # the attempt that answered
                 if o.upstream_status is not None:
                     upstream["http.response.status_code"] = o.upstream_status
                 if prompt is not None:

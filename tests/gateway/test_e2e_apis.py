@@ -234,6 +234,13 @@ def test_ollama_client_chat_generate_and_tags(gateway: GatewayProcess) -> None:
     assert inflight(gateway) == 0
 
 
+def test_ollama_show_forwards_a_body_it_could_not_re_encode(gateway: GatewayProcess, model: str) -> None:
+    # An integer past 64 bits parses (Python's json) but orjson cannot encode it: the body goes on as it came.
+    body = b'{"model": "%s", "extra": 326281253769205733782222762765845528576}' % model.encode()
+    resp = httpx.post(gateway.url + "/api/show", content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert resp.status_code == 200 and resp.json()["details"]["format"] == "sglang"
+
+
 def test_ollama_stream_is_ndjson_through_the_gateway(gateway: GatewayProcess, model: str) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 5}}
     with httpx.stream("POST", gateway.url + "/api/chat", json=body, timeout=30) as resp:

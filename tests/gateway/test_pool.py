@@ -104,6 +104,26 @@ def test_a_slot_cannot_move_once_tokens_arrived() -> None:
     assert (pool["eagle"].inflight, pool["plain"].inflight) == (1, 0)
 
 
+def test_a_started_slot_continued_elsewhere_moves_its_counts_and_starts_a_new_window() -> None:
+    pool = make_pool()
+    slot = pool.acquire("eagle", max_tokens=100)
+    for k in range(3):
+        slot.mark_token(10.0 + k)
+    assert pool["eagle"].relayed_chunks == 3
+    slot.continue_on("plain", max_tokens=60)
+    assert (pool["eagle"].inflight, pool["plain"].inflight) == (0, 1)
+    assert pool["eagle"].relayed_chunks == 0 and slot.decode_window() is None  # its old chunks left with it
+    slot.mark_token(20.0)
+    slot.mark_token(21.0)
+    window = slot.decode_window()
+    assert window is not None and window.seconds == pytest.approx(1.0) and pool["plain"].relayed_chunks == 2
+    slot.release()
+    slot.release()
+    assert pool.total_inflight == 0 and pool["plain"].relayed_chunks == 0
+    with pytest.raises(RuntimeError):
+        slot.continue_on("eagle", None)
+
+
 def set_load(backend: Backend, since: float, inflight: int) -> None:
     """Make the backend's load integral exactly computable: `inflight` held from `since` on."""
     backend._load_area, backend._load_since, backend.inflight = 0.0, since, inflight

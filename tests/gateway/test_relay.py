@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from gateway.edge.body_writer import EXTENSION, BodyWriter, body_writer
+from gateway.relay import Handoff
 from gateway.relay import sse as relay
 from gateway.relay.sse import DONE, relay_stream
 from gateway.upstream.http11 import MAX_FRAME, Connection, WireResponse
@@ -79,7 +80,8 @@ USAGE = event({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completi
 
 
 async def run_relay(
-    resp: WireResponse, *, push: bool, strip_usage: bool, idle: float = 5.0, cycle: Cycle | None = None
+    resp: WireResponse, *, push: bool, strip_usage: bool, idle: float = 5.0, cycle: Cycle | None = None,
+    keep: list[bytes] | None = None, handoff: Any = None, on_token: Any = None, **continuation: Any,
 ) -> tuple[bytes, Any, list[float], int]:
     cycle = cycle or Cycle()
     gaps: list[float] = []
@@ -91,8 +93,8 @@ async def run_relay(
 
     writer = BodyWriter(cycle) if push else None
     result = await relay_stream(
-        resp, cycle.send, strip_usage=strip_usage, idle_timeout=idle, on_first=on_first, on_token=lambda now: None,
-        on_gap=gaps.append, writer=writer,
+        resp, cycle.send, strip_usage=strip_usage, idle_timeout=idle, on_first=on_first, on_token=on_token or (lambda now: None),
+        on_gap=gaps.append, writer=writer, keep=keep, handoff=handoff, **continuation,
     )
     resp.close()
     return b"".join(cycle.sent) + result.tail, result, gaps, firsts  # the caller sends the tail with the end
@@ -106,6 +108,43 @@ async def test_bytes_are_relayed_untouched_and_usage_is_read(upstream, push: boo
     assert result.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert result.token_chunks == 3 and firsts == 1 and len(gaps) == 2  # role and finish chunks carry no tokens
     assert result.finish_reason == "length"  # from the finish chunk; the usage chunk after it has none
+
+
+async def test_a_kept_stream_gives_back_the_text_it_carried(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
+    parts = [ROLE, chunk("a"), chunk(" bc \u00e9") + chunk(" d"), FINISH, USAGE, DONE]
+    keep: list[bytes] = []
+    out, result, _, _ = await run_relay(push=push, resp=await upstream(parts), strip_usage=False, keep=keep)
+    assert out == b"".join(parts)  # keeping changes nothing the client gets
+    assert relay.kept_text(keep) == "a bc \u00e9 d" and result.token_chunks == 3
+
+
+async def test_a_handoff_ends_the_stream_after_a_token_event_without_done(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
+    texts = ["a", " b", " c", " d", " e"]
+    parts = [ROLE, *[chunk(t) for t in texts], FINISH, USAGE, DONE]
+    handoff, keep = Handoff(), []
+    out, result, _, _ = await run_relay(
+        push=push, resp=await upstream(parts), strip_usage=False, keep=keep, handoff=handoff,
+        on_token=lambda now: handoff.request("other") if handoff.target is None else None,
+    )
+    assert result.handed_off and result.error_kind is None and not out.endswith(DONE)
+    # What the client got is the stream up to a token event, and exactly what was kept.
+    relayed = result.token_chunks
+    assert 1 <= relayed < len(texts) + 1 and out == b"".join(parts[: 1 + relayed])
+    assert relay.kept_text(keep) == "".join(texts[:relayed])
+
+
+async def test_a_continuation_drops_its_opening_chunk_and_reports_the_answers_usage(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
+    parts = [ROLE, chunk(" c"), chunk(" d"), FINISH, USAGE, DONE]
+
+    def fix(usage: dict[str, int]) -> dict[str, int]:  # 2 of the 5 prompt tokens were the answer given back
+        return {"prompt_tokens": usage["prompt_tokens"] - 2, "completion_tokens": usage["completion_tokens"] + 2,
+                "total_tokens": usage["total_tokens"]}
+
+    out, result, _, _ = await run_relay(push=push, resp=await upstream(parts), strip_usage=False, skip_role=True, usage_fix=fix)
+    fixed = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert result.usage == fixed and result.token_chunks == 2
+    usage_event = event({"id": "x", "choices": [], "usage": fixed})
+    assert out == b"".join([chunk(" c"), chunk(" d"), FINISH, usage_event, DONE])
 
 
 async def test_the_last_event_is_held_back_for_the_response_end(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]

@@ -99,6 +99,25 @@ def test_a_failed_over_exchange_gives_four_spans_and_two_attempts() -> None:
     assert served.status.status_code == StatusCode.UNSET and relay.kind == SpanKind.INTERNAL
 
 
+def test_a_stream_handed_on_gives_an_attempt_per_backend_the_first_ended_where_it_stopped() -> None:
+    tracer, exporter = tracing()
+    telemetry = Telemetry(tracer, None, "adaptive")
+    trace = telemetry.trace([(b"traceparent", f"00-{TRACE}-{SPAN}-01".encode())])
+    assert trace is not None
+    record = telemetry.record(trace, "rid-2", "/v1/chat/completions", "m", None, "default", 100.0)
+    record.upstream_header("eagle")
+    record.responding()
+    record.handed_on(None)  # the policy moved it
+    record.upstream_header("plain")
+    record.finish(Outcome(200, "plain", "g0", False, "adaptive_predicted_faster", usage={"completion_tokens": 9}, moved_from="eagle"))
+    tracer.shutdown()
+    first, second = [s for s in exporter.get_finished_spans() if s.name == "upstream"]
+    assert first.attributes is not None and first.attributes["specgate.handed_on"] is True
+    assert first.status.status_code == StatusCode.UNSET and first.end_time is not None and second.end_time is not None
+    assert first.end_time <= second.start_time  # type: ignore[operator]
+    assert second.attributes is not None and second.attributes["gen_ai.usage.output_tokens"] == 9
+
+
 def test_an_unsampled_new_trace_is_passed_on_unsampled_and_tracing_off_reads_no_trace() -> None:
     trace = Telemetry(tracing(ratio=0.0)[0], None, "adaptive").trace([(b"host", b"gw")])
     assert trace is not None and not trace.sampled and trace.upstream_header(5).endswith(b"-0000000000000005-00\r\n")
@@ -148,7 +167,7 @@ def test_a_line_holds_the_requests_values_exactly() -> None:
         "time": "2023-11-14T22:13:20.250Z", "request_id": "rid", "trace_id": TRACE, "tenant": "acme",
         "route": "/v1/chat/completions", "model": "m", "backend": "eagle", "group": "g0", "mode": "eagle", "tier": "flex",
         "rule": "threshold_low", "status": 200, "prompt_tokens": 9, "cached_tokens": 6, "completion_tokens": 4,
-        "ttft_ms": 1.234, "e2e_ms": 12.346, "failover": False, "client_gone": False, "error": None,
+        "ttft_ms": 1.234, "e2e_ms": 12.346, "failover": False, "moved_from": None, "client_gone": False, "error": None,
     }
     refused = json.loads(Line()(1_700_000_000.0, 0.999, 0.9985, "r2", None, None, "/v1/completions", None, "default", Outcome(503)))
     assert (refused["time"], refused["mode"], refused["prompt_tokens"], refused["cached_tokens"]) == ("2023-11-14T22:13:20.998Z", None, None, None)

@@ -1,7 +1,9 @@
 """SIGKILL one backend under closed-loop load at concurrency 64, then bring it back.
 
 Nothing that had not received a byte may fail (it is retried on the other backend, or routed
-there); streams cut on the dead backend end at once with an SSE error event and `data: [DONE]`;
+there); a chat stream of one choice cut on the dead backend goes on on the other from the text it
+had (`specgate_moves_total{reason="resume"}`), and one that cannot (two choices) ends at once with an
+SSE error event and `data: [DONE]`;
 the gateway routes to the backend again within one health-check interval of it being ready; the
 in-flight gauges end at exactly 0.
 """
@@ -47,8 +49,9 @@ async def test_killing_a_backend_under_load_fails_only_streams_already_started(
         stop = asyncio.Event()
 
         # One request in four is not streamed: it has no byte before it completes, so none may fail.
+        # One in four streams two choices: no other backend can go on with it, so a cut one fails.
         def body(i: int) -> bytes:
-            return stack.chat(OUTPUT_TOKENS, stream=i % 4 != 0)
+            return stack.chat(OUTPUT_TOKENS, stream=i % 4 != 0, **({"n": 2} if i % 4 == 1 else {}))
 
         load = asyncio.create_task(closed_loop(stack, CONCURRENCY, body, stop, outcomes))
         try:
@@ -71,7 +74,10 @@ async def test_killing_a_backend_under_load_fails_only_streams_already_started(
             await load
 
         await until(lambda: _gauges_zero(stack), 5, "in-flight gauges back to 0")
-        upstream_cut = await stack.metric("specgate_upstream_errors_total", backend="eagle", kind="disconnected")
+        upstream_cut = sum(
+            [await stack.metric("specgate_upstream_errors_total", backend="eagle", kind=kind) for kind in ("disconnected", "truncated")]
+        )
+        resumed = await stack.metric("specgate_moves_total", **{"from": "eagle", "to": "plain", "reason": "resume"})
         inflight = {b: await stack.metric("specgate_inflight_requests", backend=b) for b in ("eagle", "plain")}
         retried = await stack.metric("specgate_route_decisions_total", reason="failover_retry")
 
@@ -84,6 +90,7 @@ async def test_killing_a_backend_under_load_fails_only_streams_already_started(
     cut_end_ms = [1000 * (o.ended_at - killed_at) for o in cut]  # type: ignore[operator]
     record_property("requests", len(outcomes))
     record_property("streams_cut", len(cut))
+    record_property("streams_resumed", int(resumed))
     record_property("retried_on_the_other_backend", int(retried))
     record_property("failed_without_a_byte", len(failed_before_a_byte))
     record_property("cut_stream_end_after_kill_ms_max", round(max(cut_end_ms, default=0.0), 1))
@@ -91,14 +98,14 @@ async def test_killing_a_backend_under_load_fails_only_streams_already_started(
     record_property("routing_recovered_s", round(recovered_after, 3))
 
     assert not lost, f"{len(lost)} requests got neither a response nor a clean error, e.g. {lost[0]}"
-    assert cut, "the kill cut no stream in progress; the test did not exercise anything"
+    assert cut and resumed, "the kill cut no stream of each kind in progress; the test did not exercise both"
     for o in cut:
         # Only streams that were receiving bytes from eagle may fail, and each ends with error + [DONE].
         assert o.backend == "eagle" and o.status == 200 and o.events >= 2, o
         assert o.headers_at is not None and o.headers_at <= killed_at + 1.0, o
         assert o.error is not None and o.error["type"] == "server_error"
     assert max(cut_end_ms) < 1000, f"a cut stream took {max(cut_end_ms):.0f} ms to end"
-    assert upstream_cut == len(cut)
+    assert upstream_cut == len(cut) + resumed
     assert all(o.completed for o in outcomes if not o.clean_error)
     assert not failed_before_a_byte, failed_before_a_byte[0]
     assert all(o.backend == "plain" for o in outcomes if killed_at + 0.05 < o.sent_at and o.ended_at < ready_at)  # type: ignore[operator]

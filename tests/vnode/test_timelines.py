@@ -56,19 +56,32 @@ def test_on_an_eagle_server_the_first_token_needs_the_prefill_and_one_target_ste
 
 
 class Fixed:
-    """Sends the n-th request to server `order[n]`."""
+    """Sends the n-th request to server `order[n]`; the n-th routing moves the requests `moves[n]` names
+    (rids) to that same server."""
 
-    def __init__(self, order: list[int]) -> None:
+    def __init__(self, order: list[int], moves: dict[int, list[str]] | None = None) -> None:
         self.order = iter(order)
+        self.moves = moves or {}
+        self.routed = 0
+        self.last = -1
+        self.moved_to: list[tuple[str, int, int]] = []
 
     def route(self, request: Request, now: float, pending: int = 0) -> int:
-        return next(self.order)
+        self.last = next(self.order)
+        self.routed += 1
+        return self.last
 
     def chunk(self, request: Request, now: float, tokens: int) -> None:
         pass
 
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         pass
+
+    def take_moves(self) -> list[tuple[str, int]]:
+        return [(rid, self.last) for rid in self.moves.get(self.routed - 1, [])]
+
+    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        self.moved_to.append((request.rid, to, produced))
 
 
 def test_two_colocated_servers_take_turns_on_their_gpu(round_profile: Path) -> None:
@@ -87,6 +100,25 @@ def test_two_colocated_servers_take_turns_on_their_gpu(round_profile: Path) -> N
     assert on_eagle[0].chunk_times == pytest.approx([first * MS, eagle2 * MS, eagle3 * MS])
     assert on_plain[0].chunk_times == pytest.approx([plain1 * MS, plain2 * MS, plain3 * MS])
     assert [len(t.split()) for t in on_eagle[0].chunk_texts] == [1, 4, 4]
+
+
+def test_a_moved_request_goes_on_where_it_left_off_on_its_new_server(round_profile: Path) -> None:
+    alone = node_of(replicas("eagle", 1, round_profile))
+    unmoved = send(alone, RequestSpec(WORDS, 20, output_len=13))
+    alone.events.run()
+    router = Fixed([0, 1], moves={1: ["vnode-0"]})  # the second routing moves the first request to plain
+    node = node_of(colocated(round_profile), router)
+    moved = send(node, RequestSpec(WORDS, 20, output_len=13))
+    send(node, RequestSpec(WORDS, 20, output_len=3), at=10 * MS)  # after the EAGLE request's first chunks
+    node.events.run()
+    (record,), (before,) = moved, unmoved
+    (rid, to, produced), = router.moved_to
+    assert (rid, to) == ("vnode-0", 1) and 0 < produced < 13
+    # One record for the client: all its tokens, its own prompt, the text it would have had.
+    assert record.completion_tokens == 13 and record.prompt_tokens == before.prompt_tokens
+    assert record.answer == before.answer
+    # From the move on, plain decode: a token a chunk (its EAGLE chunks carried up to 4).
+    assert [len(t.split()) for t in record.chunk_texts][-(13 - produced):] == [1] * (13 - produced)
 
 
 def test_a_shared_prefix_shortens_the_second_prefill_by_exactly_the_cached_tokens(round_profile: Path) -> None:

@@ -16,12 +16,12 @@ leave the lane (`rules.lane_view`), flex goes to plain decode. Rules and numbers
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from gateway.config import PolicyConfig
-from gateway.policies import Completion, Decision, Policy, Progress, Prompt
+from gateway.policies import Completion, Decision, Policy, Progress, Prompt, Running
 from gateway.policies.adaptive.arms import (
     PROBE_AGREEMENT,
     Arm,
@@ -36,15 +36,18 @@ from gateway.policies.adaptive.arms import (
 from gateway.policies.adaptive.fit import Curve, EstimatorConfig, TpotEstimator
 from gateway.policies.adaptive.forecast import LoadForecast
 from gateway.policies.adaptive.rules import (
+    GROUP_SWITCH,
     BackendState,
     PromptCost,
     GroupState,
+    Stray,
     flex_choice,
     lane_view,
     least_harm,
 )
 from gateway.policies.adaptive.engine import EnginePrefill, EngineSteps, StepReading
 from gateway.policies.adaptive.rules import choose as choose_group
+from gateway.policies.adaptive.rules import moves as stray_moves
 from gateway.policies.lane import FLEX_PLAIN, TierLane, TierSettings
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 from gateway.tiers import DEFAULT, FLEX, PRIORITY, Tier
@@ -104,12 +107,14 @@ class AdaptivePolicy(Policy):
         colocated: bool = False,
         estimator: EstimatorConfig | None = None,
         tiers: TierSettings | None = None,
+        move_running: bool = True,
     ) -> None:
         """`eagle_cap`: most requests each EAGLE backend gets at once; `slo_tpot`: target seconds per
         token (None: off); `probe_every`: decisions without traffic after which a backend of an
         idle group is probed; `colocated`: the backends share GPUs (a response decoded alongside
         another backend's requests is never learned from); with it off, the snapshot's groups say
-        which backends share GPUs; `tiers`: the lane priority traffic keeps."""
+        which backends share GPUs; `tiers`: the lane priority traffic keeps; `move_running`: a group's
+        switch moves its strays (`moves`)."""
         if eagle_cap < 1:
             raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
         if probe_every < 1:
@@ -120,6 +125,7 @@ class AdaptivePolicy(Policy):
         self.slo_tpot = slo_tpot
         self.probe_every = probe_every
         self.colocated = colocated
+        self.move_running = move_running
         self.estimator = estimator or EstimatorConfig()
         self._arms: dict[str, Arm] = {}
         self._forecast = LoadForecast()  # the load over the next request life
@@ -149,6 +155,7 @@ class AdaptivePolicy(Policy):
             colocated=bool(config.adaptive_colocated),
             estimator=EstimatorConfig(half_life=config.adaptive_half_life),
             tiers=tiers,
+            move_running=config.adaptive_move_running,
         )
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
@@ -219,6 +226,36 @@ class AdaptivePolicy(Policy):
                 arm.since_routed = 0
             else:
                 arm.since_routed += 1
+
+    def may_move(self, decision: Decision) -> bool:
+        return self.move_running and decision.reason == GROUP_SWITCH
+
+    def moves(self, snapshot: PoolSnapshot, decision: Decision, running: Sequence[Running]) -> list[str]:
+        """After a decision that switched a co-located group's mode (`adaptive_group_switch`), its requests
+        still decoding in the old mode that move to the new one: those whose remaining output, decoded
+        that much faster, pays for their re-prefill there (`rules.moves`). A request's output so far is
+        its chunks times its backend's tau; what remains, its limit less that (no limit: the mean output)."""
+        if not self.may_move(decision):
+            return []
+        target = snapshot.get(decision.backend)
+        available = [v for v in snapshot.backends if v.available]
+        members = [v for v in available if v.group == target.group]
+        strays = [r for r in running if r.backend != target.name and any(v.name == r.backend for v in members)]
+        if len(members) < 2 or not strays:
+            return []
+        outlooks = {v.name: self._outlook(v) for v in available}
+        kinds = self._kinds.of(available, outlooks)  # the pooled lines the decision just used
+        if len(kinds) < 2:
+            return []
+        states = [self._state(v, outlooks[v.name], kinds) for v in members]
+        taus = {s.name: s.tau for s in states}
+        priced = []
+        for r in strays:
+            produced = r.chunks * taus[r.backend]
+            remaining = (r.max_tokens if r.max_tokens is not None else self._mean_output) - produced
+            uncached = max(r.prompt_tokens - r.cached.get(target.name, 0.0), 0.0)
+            priced.append(Stray(r.key, r.backend, max(remaining, 0.0), uncached + produced))
+        return stray_moves(states, target.speculative, priced, self._prefill.get(target.speculative, 0.0))
 
     def paced(self, progress: Progress) -> None:
         """A stretch of a stream is a point of its backend's curve once the backend's tokens per chunk
@@ -308,6 +345,7 @@ class AdaptivePolicy(Policy):
             "slo_tpot_seconds": self.slo_tpot,
             "probe_every": self.probe_every,
             "colocated": self.colocated,
+            "move_running": self.move_running,
             "half_life": self.estimator.half_life,
             "beliefs": self.beliefs(),
         }

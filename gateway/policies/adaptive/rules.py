@@ -33,6 +33,9 @@ SWITCH_HORIZON = 4.0
 # heavy load adds (more prefill between steps), so its extrapolation flatters it where plain is measured.
 EAGLE_REACH = 1.25
 
+# The reason of a decision that turned a co-located group to the other mode (its strays may follow: `moves`).
+GROUP_SWITCH = "adaptive_group_switch"
+
 
 @dataclass(frozen=True)
 class BackendState:
@@ -243,7 +246,7 @@ def _group_option(members: list[BackendState], state: GroupState) -> _Option | N
         elif not _worth_switching(stay, best, load) or (best.speculative and not _may_speculate(stay, best, load, state)):
             pick, reason = stay, "adaptive_group_stay"
         else:
-            reason = "adaptive_group_switch"
+            reason = GROUP_SWITCH
     return _Option(pick, reason, _joined_tpot(pick, members), total)
 
 
@@ -354,3 +357,42 @@ def flex_choice(states: list[BackendState]) -> str | None:
         return predicted, loads[s.group], s.name
 
     return min(plain, key=cost).name
+
+
+@dataclass(frozen=True)
+class Stray:
+    """A request still decoding on the server its group has just switched away from."""
+
+    key: str  # whoever asks knows it by this
+    backend: str
+    remaining: float  # output tokens it is expected still to produce
+    reprefill: float  # tokens the group's mode server would prefill to take it over: its prompt's uncached part and its output so far
+
+
+def moves(members: Sequence[BackendState], mode: bool, strays: Sequence[Stray], prefill: float) -> list[str]:
+    """Which strays of a co-located group that has just switched to `mode` move to the mode's server
+    (the keys, the most output still to come first).
+
+    A stray moves when, at the group's load, the mode decodes faster than the kind it runs on and the
+    time its remaining output saves pays for its re-prefill on the mode's server (`prefill` seconds a
+    token), which stalls that server's requests as long. Moving also ends the stray's steps beside the
+    mode's, which is not counted: the price is a floor on the gain.
+    """
+    target = next((b for b in members if b.speculative == mode), None)
+    if target is None or target.line is None or not target.available:
+        return []
+    load = float(sum(b.inflight for b in members))
+    chosen: list[str] = []
+    joined = target.inflight
+    for stray in sorted(strays, key=lambda s: -s.remaining):
+        source = next((b for b in members if b.name == stray.backend), None)
+        if source is None or source.line is None or source.speculative == mode:
+            continue
+        if target.cap is not None and joined >= target.cap:
+            break
+        gain = _tpot(source, load) - _tpot(target, load)
+        if gain <= 0.0 or stray.remaining * gain < prefill * stray.reprefill * (1.0 + joined):
+            continue
+        chosen.append(stray.key)
+        joined += 1
+    return chosen

@@ -1,0 +1,50 @@
+"""Which requests follow their group's switch to the other mode (rules.moves) as a function of plain data."""
+
+from __future__ import annotations
+
+from gateway.config import PolicyConfig
+from gateway.policies import Decision
+from gateway.policies.adaptive import AdaptivePolicy
+from gateway.policies.adaptive.rules import GROUP_SWITCH, Stray, moves
+from gateway.policies.static import ThresholdPolicy
+from tests.gateway.test_group_choice import FIELD_E, FIELD_P, LLAMA_E, LLAMA_P, eagle, plain
+
+# Lines in ms a token; prefill in ms a token too.
+CHEAP = 0.05
+
+
+def test_strays_with_output_to_come_follow_a_switch_to_plain() -> None:
+    # Two EAGLE requests and the new plain one: at 3 in flight field-8gpu's plain decodes about 2 ms a token faster.
+    group = [eagle(inflight=2), plain(inflight=1)]
+    strays = [Stray("near-done", "eagle-g0", 4.0, 300.0), Stray("long", "eagle-g0", 200.0, 300.0)]
+    assert moves(group, False, strays, CHEAP) == ["long"]
+    # A dearer prefill than the remaining output saves keeps it where it is.
+    assert moves(group, False, strays, 5.0) == []
+
+
+def test_strays_follow_a_switch_to_speculation_where_it_is_faster() -> None:
+    group = [eagle(inflight=1, line=LLAMA_E), plain(inflight=2, line=LLAMA_P)]
+    strays = [Stray("a", "plain-g0", 100.0, 200.0), Stray("b", "plain-g0", 300.0, 200.0)]
+    assert moves(group, True, strays, CHEAP) == ["b", "a"]  # the most output to come first
+
+
+def test_nothing_moves_to_a_mode_no_faster_at_the_groups_load() -> None:
+    # At one request in flight field-8gpu's EAGLE is the faster: a stray does not move to plain.
+    group = [eagle(inflight=1, line=FIELD_E), plain(inflight=0, line=FIELD_P)]
+    assert moves(group, False, [Stray("x", "eagle-g0", 500.0, 10.0)], CHEAP) == []
+
+
+def test_a_capped_mode_server_takes_no_more() -> None:
+    group = [eagle(inflight=2, line=LLAMA_E, cap=3), plain(inflight=3, line=LLAMA_P)]
+    strays = [Stray(k, "plain-g0", 300.0, 10.0) for k in ("a", "b", "c")]
+    assert len(moves(group, True, strays, CHEAP)) == 1
+
+
+def test_only_a_group_switch_may_move_and_the_config_can_turn_it_off() -> None:
+    switch = Decision("plain-g0", GROUP_SWITCH)
+    policy = AdaptivePolicy.from_config(PolicyConfig())
+    assert policy.move_running and policy.may_move(switch)
+    assert not policy.may_move(Decision("plain-g0", "adaptive_group_stay"))
+    off = AdaptivePolicy.from_config(PolicyConfig(adaptive_move_running=False))
+    assert not off.move_running and not off.may_move(switch) and off.describe()["move_running"] is False
+    assert not ThresholdPolicy(1).move_running and not ThresholdPolicy(1).may_move(switch)
