@@ -55,6 +55,7 @@ class _Flight:
     first_token_at: float | None = None
     token_chunks: int = 0
     moved: bool = False  # continued on another backend: its life spans two, it teaches no curve
+    given: int = 0  # output tokens earlier servers gave it (in its continued prompt)
 
 
 class GatewayRouter:
@@ -152,7 +153,7 @@ class GatewayRouter:
     def _moves(self, decision: Decision, now: float) -> list[tuple[str, int]]:
         """What the exchange does after a group switch: ask the policy which running requests follow it."""
         running = [  # as the exchange lists them: its slot's chunks and limit, the prompt admission estimated
-            Running(rid, f.slot.backend.name, f.slot.chunks, f.slot.max_tokens, f.prompt.tokens if f.prompt else 0.0, f.prompt.cached if f.prompt else {})
+            Running(rid, f.slot.backend.name, f.slot.chunks, f.slot.max_tokens, f.prompt.tokens if f.prompt else 0.0, f.prompt.cached if f.prompt else {}, f.given)
             for rid, f in self._flights.items()
         ]
         keys = self.policy.moves(self.pool.snapshot(), decision, running)
@@ -165,6 +166,7 @@ class GatewayRouter:
         if flight.key is not None:
             self.pool.board.prefix.insert(flight.key.keys, flight.slot.backend.index, now)
         flight.moved = True
+        flight.given = produced
 
     def _prompt(self, key: PromptKey | None, max_tokens: int, now: float) -> Prompt | None:
         """What admission tells the policy of a prompt: its length, each backend's predicted hold and how

@@ -100,8 +100,9 @@ class Progress:
 @dataclass(frozen=True)
 class Running:
     """A request decoding, as a policy may move it to another backend: `key` names it to the caller; its
-    backend, the token-bearing chunks it has had, its output limit (None: none given), its prompt's
-    tokens and each backend's predicted hold of them."""
+    backend, the token-bearing chunks it has had there, its output limit there (None: none given), its
+    prompt's tokens, each backend's predicted hold of them, and the output tokens earlier backends gave
+    it (a stream moved before: they are in the prompt its backend continued, and a move prefills them too)."""
 
     key: str
     backend: str
@@ -109,6 +110,7 @@ class Running:
     max_tokens: int | None
     prompt_tokens: float
     cached: Mapping[str, float] = field(default_factory=dict)
+    given: int = 0
 
 
 class Policy(ABC):

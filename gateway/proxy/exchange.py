@@ -94,6 +94,7 @@ class ProxyResponse(Response):
         self._finish: str | None = None  # a whole response's finish reason (sampled requests only)
         self._handoff: Handoff | None = None  # while a stream that may move is relayed
         self._moved_from: str | None = None  # the backend its stream started on, once another went on with it
+        self._given = 0  # output tokens earlier backends gave it, in the prompt of the backend that went on
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         telemetry = self._rt.telemetry
@@ -514,8 +515,8 @@ class ProxyResponse(Response):
         if slot is None or handoff is None or handoff.target is not None or slot.released:
             return None
         if prompt is None:
-            return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, 0.0)
-        return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, prompt.tokens, prompt.cached)
+            return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, 0.0, given=self._given)
+        return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, prompt.tokens, prompt.cached, self._given)
 
     def move(self, target: str) -> None:
         """End the stream on its backend after its next token event and continue it on `target`."""
@@ -555,6 +556,7 @@ class ProxyResponse(Response):
                 continue
             if resp.status == 200:
                 rt.health.report_success(name)
+                self._given = plan.given
                 return resp, plan.usage
             resp.close()
             rt.metrics.upstream_errors.labels(name, f"http_{resp.status}").inc()

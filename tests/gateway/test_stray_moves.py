@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from gateway.config import PolicyConfig
-from gateway.policies import Decision
+from gateway.policies import Completion, Decision, Running
 from gateway.policies.adaptive import AdaptivePolicy
 from gateway.policies.adaptive.rules import GROUP_SWITCH, Stray, moves
 from gateway.policies.static import ThresholdPolicy
+from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN
+from tests.gateway.test_adaptive_groups import groups, trained
 from tests.gateway.test_group_choice import FIELD_E, FIELD_P, LLAMA_E, LLAMA_P, eagle, plain
 
 # Lines in ms a token; prefill in ms a token too.
@@ -48,3 +50,16 @@ def test_only_a_group_switch_may_move_and_the_config_can_turn_it_off() -> None:
     off = AdaptivePolicy.from_config(PolicyConfig(adaptive_move_running=False))
     assert not off.move_running and not off.may_move(switch) and off.describe()["move_running"] is False
     assert not ThresholdPolicy(1).move_running and not ThresholdPolicy(1).may_move(switch)
+
+
+def test_a_stream_moved_before_prices_the_output_it_was_given_into_its_re_prefill() -> None:
+    policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)
+    # A long prompt's first token teaches plain's prefill: 0.1 ms a token.
+    policy.observe(Completion("g0-plain", 129, 0.1, 0.8, 1.0, 1.0, prompt_tokens=1000))
+    switch = groups((2, 1))  # two EAGLE strays beside the request that just turned the group plain
+    decision = Decision("g0-plain", GROUP_SWITCH)
+    fresh = Running("fresh", "g0-eagle", 10, 300, 100.0)
+    # The same stream after an earlier move: 5,000 tokens of output are in the prompt it continued.
+    moved_before = Running("moved", "g0-eagle", 10, 300, 100.0, given=5000)
+    assert policy.moves(switch, decision, [fresh]) == ["fresh"]
+    assert policy.moves(switch, decision, [moved_before]) == []

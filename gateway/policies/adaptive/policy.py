@@ -234,7 +234,8 @@ class AdaptivePolicy(Policy):
         """After a decision that switched a co-located group's mode (`adaptive_group_switch`), its requests
         still decoding in the old mode that move to the new one: those whose remaining output, decoded
         that much faster, pays for their re-prefill there (`rules.moves`). A request's output so far is
-        its chunks times its backend's tau; what remains, its limit less that (no limit: the mean output)."""
+        its chunks times its backend's tau; what remains, its limit less that (no limit: the mean output);
+        its re-prefill, the prompt's part the target does not hold, the output earlier backends gave it and its own."""
         if not self.may_move(decision):
             return []
         target = snapshot.get(decision.backend)
@@ -254,7 +255,7 @@ class AdaptivePolicy(Policy):
             produced = r.chunks * taus[r.backend]
             remaining = (r.max_tokens if r.max_tokens is not None else self._mean_output) - produced
             uncached = max(r.prompt_tokens - r.cached.get(target.name, 0.0), 0.0)
-            priced.append(Stray(r.key, r.backend, max(remaining, 0.0), uncached + produced))
+            priced.append(Stray(r.key, r.backend, max(remaining, 0.0), uncached + r.given + produced))
         return stray_moves(states, target.speculative, priced, self._prefill.get(target.speculative, 0.0))
 
     def paced(self, progress: Progress) -> None:
