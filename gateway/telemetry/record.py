@@ -158,8 +158,12 @@ class ExchangeRecord:
                 decision[ROUTE_PREDICTED_TPOT] = o.predicted_tpot * 1e3
             refused = f"HTTP {o.status}" if o.backend is None else None
             spans.append(SpanRecord("route", new_span_id(), root, SpanKind.INTERNAL, self._route[0], self._route[1], decision, refused))
+        went_on = False  # the attempt before handed its stream on: this one continues it, not a failover
         for i, (span_id, backend, start, stop, failure, handed) in enumerate(self._attempts):
-            upstream: dict[str, AttributeValue] = {"specgate.backend": backend, "specgate.failover": i > 0}
+            upstream: dict[str, AttributeValue] = {"specgate.backend": backend, "specgate.failover": i > 0 and not went_on}
+            if went_on:
+                upstream["specgate.continues"] = True
+            went_on = handed
             events: tuple[tuple[str, int], ...] = ()
             if handed:
                 upstream["specgate.handed_on"] = True

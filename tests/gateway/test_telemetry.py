@@ -116,6 +116,7 @@ def test_a_stream_handed_on_gives_an_attempt_per_backend_the_first_ended_where_i
     assert first.status.status_code == StatusCode.UNSET and first.end_time is not None and second.end_time is not None
     assert first.end_time <= second.start_time  # type: ignore[operator]
     assert second.attributes is not None and second.attributes["gen_ai.usage.output_tokens"] == 9
+    assert second.attributes["specgate.continues"] is True and second.attributes["specgate.failover"] is False
 
 
 def test_an_unsampled_new_trace_is_passed_on_unsampled_and_tracing_off_reads_no_trace() -> None:
