@@ -1,12 +1,13 @@
-"""Emptying the simulators' prefix caches before each target meets a level, where targets share servers.
+"""Emptying servers' prefix caches before each target meets a level, where targets share servers.
 
-`--compare single` sweeps `eagle` and `plain` directly and `specgate` through the gateway in front
-of those very servers, level by level and, within a level, target after target: a later target
-would find the level's prompts (a shared-prefix group's system prompt, a conversation's history)
-cached by an earlier target's run. So before every target's run of every level each simulator
-gets SGLang's `POST /flush_cache`, which a server refuses (400) while requests wait or run: one
-that its client already saw end may still be leaving the server, so a refusal is retried until the
-server is idle. Every target thus starts every level cold, its cache warmed by its own requests.
+`envelope --compare single` sweeps `eagle` and `plain` directly and `specgate` through the gateway in
+front of those very servers, and `sweep --flush-cache` any targets that share servers, level by level
+and, within a level, target after target: a later target would find the level's prompts (a
+shared-prefix group's system prompt, a conversation's history) cached by an earlier target's run. So
+before every target's run of every level each server gets SGLang's `POST /flush_cache` (a gateway
+passes it to its backends), which a server refuses (400) while requests wait or run: one that its
+client already saw end may still be leaving the server, so a refusal is retried until the server is
+idle. Every target thus starts every level cold, its cache warmed by its own requests.
 """
 
 from __future__ import annotations
@@ -24,14 +25,19 @@ from loadtest.workloads.level import Level
 class CacheFlush:
     """Flushes each URL's prefix cache when called (the sweep's `before_level` hook); an async context manager."""
 
-    def __init__(self, urls: Sequence[str], timeout: float = 60.0, retry_interval: float = 0.05) -> None:
-        self.urls = [u.rstrip("/") for u in urls]
+    def __init__(
+        self, urls: Sequence[str], timeout: float = 60.0, retry_interval: float = 0.05, api_key: str | None = None
+    ) -> None:
+        """`api_key`: sent as a bearer token (a server or gateway started with a key asks for it)."""
+        self.urls = [u.rstrip("/") for u in dict.fromkeys(urls)]  # a server named by two targets is flushed once
         self.timeout = timeout
         self.retry_interval = retry_interval
+        self.api_key = api_key
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Self:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), headers=headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,6 +8,7 @@ import click
 import uvloop
 from rich.console import Console
 
+from loadtest.cache_flush import CacheFlush
 from loadtest.monitor import CpuMeter
 from loadtest.options import DEFAULT_CONCURRENCY, parse_targets, sweep_options
 from loadtest.progress import progress_for
@@ -26,6 +27,9 @@ from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, 
 @click.option("--request-rate", default=None, metavar="LIST", help=RATE_HELP)
 @click.option("--requests-per-level", default=None, metavar="N|Nx", help=REQUESTS_HELP)
 @click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True, help="output tokens (exact: ignore_eos)")
+@click.option("--flush-cache", is_flag=True,
+              help="before each target runs each level, POST /flush_cache to every target (a gateway flushes its "
+                   "backends), so no target finds prompts an earlier one sent still cached on servers they share")
 @sweep_options
 @workload_options
 def sweep(
@@ -35,6 +39,7 @@ def sweep(
     requests_per_level: str | None,
     input_len: int,
     output_len: int,
+    flush_cache: bool,
     min_requests: int,
     stream: bool,
     api_key: str | None,
@@ -60,9 +65,9 @@ def sweep(
 
     async def run() -> ResultsDocument:
         # A target that is a simulator exports its schedule slip; for others the probe reads nothing.
-        async with SlipProbe([t.url for t in parsed]) as slip:
+        async with SlipProbe([t.url for t in parsed]) as slip, CacheFlush([t.url for t in parsed], api_key=api_key) as flush:
             with progress_for(console) as progress:
-                results = await Sweep(parsed, settings, progress, CpuMeter(), slip).run()
+                results = await Sweep(parsed, settings, progress, CpuMeter(), slip, flush if flush_cache else None).run()
         return build_document("sweep", results, parsed, settings, command_line(click.get_current_context()))
 
     try:

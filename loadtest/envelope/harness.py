@@ -25,7 +25,7 @@ import tomli_w
 from backends.process import Child, free_loopback_port
 from backends.readiness import wait_until_ready
 from backends.sim_argv import SimCommon, SimServer, sim_argv
-from loadtest.envelope.cache_flush import CacheFlush
+from loadtest.cache_flush import CacheFlush
 from loadtest.monitor import CpuMeter, descendants
 from loadtest.results import LevelResult
 from loadtest.slip import SlipProbe

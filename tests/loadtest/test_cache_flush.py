@@ -1,4 +1,4 @@
-"""Flushing the simulators' prefix caches between the targets that share them (`--compare single`)."""
+"""Flushing prefix caches between the targets that share servers (`envelope --compare single`, `sweep --flush-cache`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from backends.testbed import SimFactory
 from loadtest.cli import main
-from loadtest.envelope.cache_flush import CacheFlush
+from loadtest.cache_flush import CacheFlush
 from loadtest.sweep import Level
 from tests.aioserve import serving_app
 
@@ -93,3 +93,24 @@ def test_in_the_single_comparison_specgate_meets_each_level_with_the_caches_cold
     assert specgate["backend_share"] == {"eagle": 1.0}
     assert eagle["total_cached_tokens"] >= 2 * 2 * 200  # each group's later requests hit its system prompt
     assert specgate["total_cached_tokens"] == eagle["total_cached_tokens"]
+
+
+def test_sweep_flush_cache_lets_each_target_meet_each_level_cold(sims: SimFactory, tmp_path: Path) -> None:
+    # Two targets naming one server: without the flush the second finds every prompt the first sent.
+    url = sims.start("--role", "plain", "--time-scale", "0.2", "--enable-cache-report").url()
+
+    def cached(*flag: str) -> tuple[int, int]:
+        out = tmp_path / (flag[0].strip("-") if flag else "plain")
+        result = CliRunner().invoke(main, [
+            "sweep", "--target", f"first={url}", "--target", f"second={url}", "--concurrency", "1", "--warmup", "0",
+            "--dataset", "shared-prefix", "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3",
+            "--gsp-system-prompt-len", "200", "--gsp-question-len", "16", "--gsp-output-len", "4", "--out", str(out), *flag,
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (level,) = json.loads((out / "results.json").read_text())["levels"]
+        return level["targets"]["first"]["total_cached_tokens"], level["targets"]["second"]["total_cached_tokens"]
+
+    first, second = cached()
+    assert second >= first + 2 * 200  # each group's first prompt too: the first target left it cached
+    first, second = cached("--flush-cache")
+    assert first == second >= 2 * 2 * 200  # each group's later prompts hit its system prompt, for both alike
