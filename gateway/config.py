@@ -106,6 +106,12 @@ class PolicyConfig(_Section):
         "server go on on the mode's server where the time saved pays for re-prefilling them (chat and "
         "completions streams of one choice: their text so far is given back there)",
     )
+    adaptive_handover: bool = Field(
+        default=True,
+        description="adaptive: a stream sent to an EAGLE server whose group's plain server holds far more of its "
+        "prompt's prefix is answered its first token by the plain server and goes on on EAGLE (its text so far "
+        "given back there, as a move's); needs adaptive_move_running",
+    )
     adaptive_colocated: bool | None = Field(
         default=None,
         description="adaptive: both servers share GPUs (steps serialize); unset: the [launch] topology when launching",

@@ -162,7 +162,8 @@ class GatewayMetrics:
         ))
         self.moves = Labelled(Counter(
             "specgate_moves",
-            "Streams continued mid-answer on another backend: moved by the policy (switch) or after theirs dropped them (resume)",
+            "Streams continued mid-answer on another backend: moved by the policy (switch), handed over after their "
+            "first token (handover) or after theirs dropped them (resume)",
             ["from", "to", "reason"],
             registry=r,
         ))

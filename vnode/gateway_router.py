@@ -2,9 +2,11 @@
 
 Per request, what `gateway/proxy/admission.py` and `exchange.py` do: the in-flight limit and the
 service tier's admission, the prompt's prefix matched in the pool's prefix map, then
-`route(policy, pool.snapshot(), tier=..., prompt=...)`, `Pool.acquire` (with the request's
-`max_tokens`), the prefix inserted for the chosen backend, and `policy.routed`; `Slot.mark_token` per token-bearing chunk, each stretch
-of progress it reports learned at once; at the end the usage (`Pool.record_output`) and, for a
+`route(policy, pool.snapshot(), tier=..., prompt=..., handover=True)` (every request here is a
+stream that can go on elsewhere), `Pool.acquire` (with the request's `max_tokens`), the prefix
+inserted for the chosen backend, and `policy.routed`; a decision's handover (`Decision.then`) moves
+the request at its first token, as the exchange's handoff does; `Slot.mark_token` per token-bearing
+chunk, each stretch of progress it reports learned at once; at the end the usage (`Pool.record_output`) and, for a
 stream of at least two tokens, the `Completion` the relay builds from the slot's decode window,
 learned then (one worker: the board's ring replays each record to the policy as it is recorded); the
 slot is released last. The pool runs on the
@@ -133,7 +135,7 @@ class GatewayRouter:
         key = PromptKey.of(messages_text([{"role": role, "content": content} for role, content in request.messages]))
         prompt = self._prompt(key, request.max_tokens, now)
         snapshot = pool.snapshot()
-        decision = route(self.policy, snapshot, None, tier, prompt)
+        decision = route(self.policy, snapshot, None, tier, prompt, handover=True)
         if decision is None:
             raise Refused(503, "no backend is ready to serve")
         slot = pool.acquire(decision.backend, request.max_tokens)
@@ -142,7 +144,9 @@ class GatewayRouter:
         slot.on_progress = self._progress
         self.policy.routed(snapshot, decision)
         self._flights[request.rid] = _Flight(slot, now, key, prompt)
-        self._moving = self._moves(decision, now) if self.policy.may_move(decision) else []
+        self._moving = self._moves(request.rid, decision) if self.policy.may_move(decision) else []
+        if decision.then is not None:  # the exchange's handover: moved at its first token
+            self._moving.append((request.rid, self._index[decision.then]))
         return self._index[decision.backend]
 
     def take_moves(self) -> list[tuple[str, int]]:
@@ -150,14 +154,16 @@ class GatewayRouter:
         moving, self._moving = self._moving, []
         return moving
 
-    def _moves(self, decision: Decision, now: float) -> list[tuple[str, int]]:
-        """What the exchange does after a group switch: ask the policy which running requests follow it."""
+    def _moves(self, routed: str, decision: Decision) -> list[tuple[str, int]]:
+        """What the exchange does after a group switch: ask the policy which running requests follow it
+        (those streaming: not `routed`, the request just placed)."""
         running = [  # as the exchange lists them: its slot's chunks and limit, the prompt admission estimated
             Running(rid, f.slot.backend.name, f.slot.chunks, f.slot.max_tokens, f.prompt.tokens if f.prompt else 0.0, f.prompt.cached if f.prompt else {}, f.given)
             for rid, f in self._flights.items()
+            if rid != routed
         ]
         keys = self.policy.moves(self.pool.snapshot(), decision, running)
-        return [(rid, self._index[decision.backend]) for rid in keys]
+        return [(rid, self._index[decision.decodes_on]) for rid in keys]
 
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
         """`request` goes on at server `to` with `produced` output tokens given back: its slot moves there."""

@@ -27,11 +27,22 @@ FAILOVER = "failover_retry"  # the reason label of a request moved after a conne
 
 @dataclass(frozen=True)
 class Decision:
-    """Where a request goes, which rule sent it there, and the service tier it was decided for."""
+    """Where a request goes, which rule sent it there, and the service tier it was decided for.
+
+    `then`: the backend that takes a stream over after its first token (a handover: `backend` holds
+    more of its prompt and answers the first token sooner, `then` decodes the rest faster); None: it
+    stays where it starts.
+    """
 
     backend: str
     reason: str
     tier: Tier = DEFAULT
+    then: str | None = None
+
+    @property
+    def decodes_on(self) -> str:
+        """The backend that decodes the answer: `then` after a handover, else `backend`."""
+        return self.then if self.then is not None else self.backend
 
     @property
     def label(self) -> str:
@@ -148,7 +159,7 @@ class Policy(ABC):
 
     def moves(self, snapshot: PoolSnapshot, decision: Decision, running: Sequence[Running]) -> list[str]:
         """Right after `decision` was routed (`routed` called): the keys of the `running` requests to move
-        to `decision.backend`, each continued there from the output it has had. Static policies move none."""
+        to `decision.decodes_on`, each continued there from the output it has had. Static policies move none."""
         return []
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:  # noqa: B027 - static policies need no live view
@@ -169,18 +180,32 @@ class Policy(ABC):
 
 
 def route(
-    policy: Policy, snapshot: PoolSnapshot, forced: str | None = None, tier: Tier = DEFAULT, prompt: Prompt | None = None
+    policy: Policy,
+    snapshot: PoolSnapshot,
+    forced: str | None = None,
+    tier: Tier = DEFAULT,
+    prompt: Prompt | None = None,
+    *,
+    handover: bool = False,
 ) -> Decision | None:
     """Decide for one request of service tier `tier` (and `prompt`, when known); None when no backend can serve it.
 
     `forced` (the x-specgate-route header, already validated) wins when it can be served: a backend
     name, that backend; `eagle` or `plain` naming no backend, that mode (its least-loaded available
-    backend). A forced request is never silently moved, so it gets None otherwise.
+    backend). A forced request is never silently moved, so it gets None otherwise. A decision to hand
+    the request over after its first token (`Decision.then`) stands only with `handover` (the caller
+    can move this request's stream) and `then` available; otherwise the request starts where it would
+    have been handed over to.
     """
     if forced is not None:
         target = forced_backend(snapshot, forced)
         return Decision(target, "forced", tier) if target is not None else None
     decision = policy.choose(snapshot, tier, prompt)
+    if decision.then is not None:
+        if not snapshot.get(decision.then).available:
+            decision = replace(decision, then=None)
+        elif not handover:
+            decision = replace(decision, backend=decision.then, then=None)
     if snapshot.get(decision.backend).available:
         return replace(decision, tier=tier)
     for other in snapshot.backends:

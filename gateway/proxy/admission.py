@@ -133,7 +133,7 @@ def _admit(rt: Runtime, job: ProxyJob, prompt: Prompt | None) -> Slot:
         )
     admit_tier(job.tier, inflight, rt.inflight_limit, rt.settings.policy.tier_flex_inflight_share)
     snapshot = rt.pool.snapshot()
-    decision = route(rt.policy, snapshot, job.forced, job.tier, prompt)
+    decision = route(rt.policy, snapshot, job.forced, job.tier, prompt, handover=_can_hand_over(rt, job))
     if decision is None:
         target = f"backend {job.forced!r} is not" if job.forced else "no backend is"
         raise OpenAIError(503, f"{target} ready to serve", code="no_backend_available", type="server_error")
@@ -157,7 +157,13 @@ def _move_strays(rt: Runtime, decision: Decision) -> None:
     running = [r for key, response in movable.items() if (r := response.running(key)) is not None]
     if running:
         for key in rt.policy.moves(rt.pool.snapshot(), decision, running):
-            movable[key].move(decision.backend)
+            movable[key].move(decision.decodes_on)
+
+
+def _can_hand_over(rt: Runtime, job: ProxyJob) -> bool:
+    """Whether the request's stream could go on on another backend after its first token (the exchange
+    keeps such a stream's text: one sequence, a dialect that continues it, moves on)."""
+    return rt.policy.move_running and job.stream and job.weight == 1 and job.forced is None and job.dialect.continues(job.body)
 
 
 def _move(rt: Runtime, job: ProxyJob, slot: Slot, failed: str, prompt: Prompt | None) -> bool:

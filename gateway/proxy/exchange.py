@@ -410,7 +410,7 @@ class ProxyResponse(Response):
             if self._rec is not None:
                 self._rec.handed_on(result.error_kind)
             source = slot.backend.name
-            moved = await self._continue(target, kept_text(keep), "switch" if result.handed_off else "resume")
+            moved = await self._continue(target, kept_text(keep), self._move_reason(result, target))
             if moved is None:  # a drop ends as it would have; a move, as one nobody took up
                 if result.handed_off:
                     result = StreamResult(error_kind="move_failed", tail=job.dialect.stream_error(_MOVE_FAILED))
@@ -470,6 +470,9 @@ class ProxyResponse(Response):
         assert slot is not None
         gaps = GapBuffer(rt.metrics.itl.labels(slot.backend.name))  # ITL, added to the histogram once per stream
         self._handoff = Handoff() if keep is not None and rt.policy.move_running else None
+        decision = job.decision
+        if on_first is not None and self._handoff is not None and decision is not None and decision.then is not None:
+            self._handoff.request(decision.then)  # a handover: the first token here, the rest there
         rt.pacer.streams += 1
         try:
             return await job.dialect.relay(
@@ -490,6 +493,14 @@ class ProxyResponse(Response):
             gaps.flush()
             if self._handoff is not None and self._handoff.target is None:
                 self._handoff = None  # ended on its own: nothing to move any more
+
+    def _move_reason(self, result: StreamResult, target: str) -> str:
+        """Why a stream goes on on `target` (the label of its count): its decision's handover after the first
+        token, a move the policy made ("switch"), or its backend dropped it ("resume")."""
+        if not result.handed_off:
+            return "resume"
+        decision = self._job.decision
+        return "handover" if self._moved_from is None and decision is not None and decision.then == target else "switch"
 
     async def _goes_on(self, result: StreamResult) -> str | None:
         """The backend a stream that had token events goes on on: the one it was handed off to, else,
@@ -527,14 +538,14 @@ class ProxyResponse(Response):
         self, target: str, text: str | None, reason: str
     ) -> tuple[WireResponse, Callable[[dict[str, Any]], dict[str, Any]]] | None:
         """Have `target` go on with the answer, which has `text` so far, else, for a move the policy made
-        (`reason` "switch", which labels its count, as "resume" does a drop's), the live backend it left;
-        the continuation's response (status 200) and its usage fix. None: none goes on with it."""
+        (`reason` "switch" or "handover", which labels its count, as "resume" does a drop's), the live
+        backend it left; the continuation's response (status 200) and its usage fix. None: none goes on with it."""
         rt, job, slot = self._rt, self._job, self._slot
         assert slot is not None
         if text is None:
             return None
         source = slot.backend.name
-        for name in dict.fromkeys((target, source) if reason == "switch" else (target,)):
+        for name in dict.fromkeys((target, source) if reason != "resume" else (target,)):
             backend = rt.pool[name]
             if not backend.available:
                 continue

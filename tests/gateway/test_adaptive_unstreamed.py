@@ -72,7 +72,7 @@ def test_the_engines_prefill_counters_price_a_prefix_where_no_response_streams()
     idle = groups((0, 0))
     policy, steps = engine_taught(idle)
     prompt = Prompt(1600.0, {"g0-plain": 1600.0, "g0-eagle": 100.0}, max_tokens=128)
-    assert policy.choose(idle, prompt=prompt).backend == "g0-eagle"  # no prefill cost known: the load alone decides
+    assert policy.choose(idle, prompt=prompt).decodes_on == "g0-eagle"  # no prefill cost known: the load alone decides
     for tokens in (5_000, 5_100, 10_000, 20_000):  # successive reports; 100 more tokens are too few to read
         busy = 100 * tokens if tokens != 5_100 else 5_000 * 100 + 100 * 900  # 0.1 ms a token, 0.9 over the 100
         policy.routed(reporting(reported(idle, steps), g0_eagle=(tokens, busy), g0_plain=(tokens, busy)), Decision("g0-eagle", "adaptive_prior"))

@@ -3,9 +3,10 @@ backend goes on with it (its text so far given back), one answer for the client.
 
 Driven with the real `openai` client through the gateway's HTTP server against two simulated servers
 (a greedy model: an answer continued elsewhere goes on exactly as it would have); the routing policy
-is a threshold one that moves every running stream to plain once a second request arrives, so what
-is tested is the exchange's move, not when the adaptive policy asks for one (test_stray_moves.py).
-Waits poll a condition with a deadline.
+is a threshold one that moves every running stream to plain once a second request arrives, or one
+that hands every request over to EAGLE after its first token, so what is tested is the exchange's
+move, not when the adaptive policy asks for one (test_stray_moves.py, test_handover.py). Waits poll
+a condition with a deadline.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from gateway.metrics import GatewayMetrics
 from gateway.policies import Decision, Running
 from gateway.policies.static import ThresholdPolicy
 from gateway.pool.backends import Health
+from gateway.policies import Policy, Prompt
 from gateway.pool.snapshot import PoolSnapshot
 from gateway.runtime import Runtime
 from gateway.telemetry.record import Telemetry
+from gateway.tiers import DEFAULT, Tier
 from tests.gateway.fake_backend import MODEL, FakeBackend, refused_url, serving
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -64,6 +67,18 @@ class MovingPolicy(ThresholdPolicy):
         return [r.key for r in running if r.backend != decision.backend]
 
 
+class HandingOverPolicy(ThresholdPolicy):
+    """Every request starts on plain, to be handed over to EAGLE after its first token."""
+
+    move_running = True
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
+        return Decision("plain", "test_handover", tier, then="eagle")
+
+
 @pytest.fixture(scope="module")
 def sims() -> Iterator[tuple[str, str]]:
     with SimFactory() as factory:
@@ -73,16 +88,18 @@ def sims() -> Iterator[tuple[str, str]]:
 
 
 @asynccontextmanager
-async def gateway(eagle_url: str, plain_url: str, access_log: Path | None = None) -> AsyncIterator[tuple[Runtime, openai.AsyncOpenAI]]:
-    """A runtime over both backends (ready, no health polling) with `MovingPolicy`, served on a loopback
-    port by the gateway's own HTTP protocol (so streams take its C relay), and an `openai` client of it;
-    with `access_log`, its access log goes there (written out when the block ends)."""
+async def gateway(
+    eagle_url: str, plain_url: str, access_log: Path | None = None, policy: Policy | None = None
+) -> AsyncIterator[tuple[Runtime, openai.AsyncOpenAI]]:
+    """A runtime over both backends (ready, no health polling) with `policy` (`MovingPolicy` by default),
+    served on a loopback port by the gateway's own HTTP protocol (so streams take its C relay), and an
+    `openai` client of it; with `access_log`, its access log goes there (written out when the block ends)."""
     backends = [
         {"name": "eagle", "url": eagle_url, "speculative": True},
         {"name": "plain", "url": plain_url, "speculative": False},
     ]
     settings = Settings.model_validate({"backends": backends, "logging": {"access_log": str(access_log) if access_log else "off"}})
-    rt = Runtime(settings, settings.grouped_backends, MovingPolicy(), GatewayMetrics())
+    rt = Runtime(settings, settings.grouped_backends, policy or MovingPolicy(), GatewayMetrics())
     rt.telemetry = Telemetry.from_settings(settings, rt.policy.name)
     for backend in rt.pool:
         backend.health = Health.READY
@@ -244,4 +261,40 @@ async def test_a_move_nobody_can_take_ends_the_stream_with_an_error_and_frees_it
         with pytest.raises(openai.APIError, match="no backend could go on with the answer"):
             await answer
         assert rt.metrics.registry.get_sample_value("specgate_upstream_errors_total", {"backend": "eagle", "kind": "move_failed"}) == 1
+        assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}
+
+
+async def test_a_handed_over_answer_reads_as_one_from_the_backend_it_goes_on_on(sims: tuple[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "access.log"
+    async with gateway(*sims, access_log=log, policy=HandingOverPolicy()) as (rt, client):
+        model = served_model(sims)
+        reference, reference_usage, _ = await chat(client, model, route="eagle")  # forced: never handed over
+        text, usage, chunks = await chat(client, model)
+        assert moves(rt, "plain", "eagle", "handover") == 1 and moves(rt, "plain", "eagle") == 0
+        assert text == reference
+        assert (usage.prompt_tokens, usage.completion_tokens) == (reference_usage.prompt_tokens, reference_usage.completion_tokens)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+        assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}
+        # An answer that cannot go on elsewhere (not streamed) starts where it would have been handed over to.
+        whole = await client.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, max_tokens=LIMIT)
+        assert whole.headers["x-specgate-backend"] == "eagle" and whole.parse().choices[0].message.content == reference
+        assert moves(rt, "plain", "eagle", "handover") == 1
+    lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    handed = [(line["backend"], line["completion_tokens"]) for line in lines if line["moved_from"] == "plain"]
+    assert handed == [("eagle", LIMIT)]
+
+
+async def test_a_handover_nobody_can_take_goes_on_where_it_started(sims: tuple[str, str]) -> None:
+    """EAGLE is listed ready but refuses connections: plain, which gave the first token, goes on with the
+    answer, whole; while EAGLE is known down, requests are not handed over to it at all."""
+    async with gateway(refused_url(), sims[1], policy=HandingOverPolicy()) as (rt, client):
+        model = served_model(sims)
+        reference, _, _ = await chat(client, model, route="plain")
+        rt.pool["eagle"].health = Health.READY  # as the last poll saw it
+        text, usage, _ = await chat(client, model)
+        assert text == reference and usage.completion_tokens == LIMIT
+        assert moves(rt, "plain", "plain", "handover") == 1  # the continuation EAGLE refused went on on plain
+        rt.pool["eagle"].health = Health.DOWN
+        again, _, _ = await chat(client, model)
+        assert again == reference and moves(rt, "plain", "plain", "handover") == 1
         assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}

@@ -133,6 +133,16 @@ async def test_a_handoff_ends_the_stream_after_a_token_event_without_done(upstre
     assert relay.kept_text(keep) == "".join(texts[:relayed])
 
 
+async def test_a_handoff_requested_before_the_stream_began_ends_it_at_its_first_token_event(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
+    # A decision's handover: the whole stream in one read, and no token event is relayed past the first.
+    parts = [ROLE, chunk("a"), chunk(" b"), chunk(" c"), FINISH, USAGE, DONE]
+    handoff, keep = Handoff(), []
+    handoff.request("other")
+    out, result, _, _ = await run_relay(push=push, resp=await upstream([b"".join(parts)]), strip_usage=False, keep=keep, handoff=handoff)
+    assert result.handed_off and result.token_chunks == 1 and out == ROLE + chunk("a")
+    assert relay.kept_text(keep) == "a"
+
+
 async def test_a_continuation_drops_its_opening_chunk_and_reports_the_answers_usage(upstream, push: bool) -> None:  # type: ignore[no-untyped-def]
     parts = [ROLE, chunk(" c"), chunk(" d"), FINISH, USAGE, DONE]
 

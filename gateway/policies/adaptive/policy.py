@@ -8,8 +8,9 @@ missing, measure unfitted backends on idle groups and let a lone request specula
 (`adaptive_prior`, `adaptive_explore`); probe a kind unused for its interval on an idle group while
 the fits leave it in the running, or never measured alone (`adaptive_explore`, backing off while
 probes agree); with a TPOT target no backend meets, the least harm (`adaptive_slo`); otherwise the
-(group, mode) rule of `rules.py`. `choose` only reads; `routed` stores what a decision changes.
-Service tiers: priority requests are never probes and see the true predictions, default and flex
+(group, mode) rule of `rules.py`, and a request it sends to EAGLE is answered its first token by the
+plain server of its group when that one holds far more of its prompt (`rules.first_token_server`, a
+handover). `choose` only reads; `routed` stores what a decision changes. Service tiers: priority requests are never probes and see the true predictions, default and flex
 leave the lane (`rules.lane_view`), flex goes to plain decode. Rules and numbers: docs/adaptive.md.
 """
 
@@ -41,6 +42,7 @@ from gateway.policies.adaptive.rules import (
     PromptCost,
     GroupState,
     Stray,
+    first_token_server,
     flex_choice,
     lane_view,
     least_harm,
@@ -91,6 +93,9 @@ PREFILL_MIN_TOKENS = 256
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
 _NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable", "adaptive_prefix_beside", "adaptive_kv_fit")
+# Decisions whose request must be answered whole where it goes: a probe's or cold start's response measures
+# that backend, and only that backend's KV cache holds a `adaptive_kv_fit` one.
+_OWN_RESPONSE = ("adaptive_explore", "adaptive_prior", "adaptive_kv_fit", "adaptive_unavailable")
 
 
 class AdaptivePolicy(Policy):
@@ -108,13 +113,15 @@ class AdaptivePolicy(Policy):
         estimator: EstimatorConfig | None = None,
         tiers: TierSettings | None = None,
         move_running: bool = True,
+        handover: bool = True,
     ) -> None:
         """`eagle_cap`: most requests each EAGLE backend gets at once; `slo_tpot`: target seconds per
         token (None: off); `probe_every`: decisions without traffic after which a backend of an
         idle group is probed; `colocated`: the backends share GPUs (a response decoded alongside
         another backend's requests is never learned from); with it off, the snapshot's groups say
         which backends share GPUs; `tiers`: the lane priority traffic keeps; `move_running`: a group's
-        switch moves its strays (`moves`)."""
+        switch moves its strays (`moves`); `handover`: a stream whose prefix the plain server of its
+        group holds is answered its first token there and decoded on EAGLE (`rules.first_token_server`)."""
         if eagle_cap < 1:
             raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
         if probe_every < 1:
@@ -126,6 +133,7 @@ class AdaptivePolicy(Policy):
         self.probe_every = probe_every
         self.colocated = colocated
         self.move_running = move_running
+        self.handover = handover
         self.estimator = estimator or EstimatorConfig()
         self._arms: dict[str, Arm] = {}
         self._forecast = LoadForecast()  # the load over the next request life
@@ -156,6 +164,7 @@ class AdaptivePolicy(Policy):
             estimator=EstimatorConfig(half_life=config.adaptive_half_life),
             tiers=tiers,
             move_running=config.adaptive_move_running,
+            handover=config.adaptive_handover,
         )
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
@@ -163,7 +172,21 @@ class AdaptivePolicy(Policy):
 
     def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
         name, reason = self._decide(snapshot, tier, prompt)
-        return Decision(name, reason, tier)
+        first = self._first_token_server(snapshot, name, reason, prompt)
+        return Decision(first, reason, tier, then=name) if first is not None else Decision(name, reason, tier)
+
+    def _first_token_server(self, snapshot: PoolSnapshot, name: str, reason: str, prompt: Prompt | None) -> str | None:
+        """Where a request placed on `name` is answered its first token, when elsewhere (`rules.first_token_server`):
+        never for a probe or a cold start (their responses measure the backend they went to) nor where
+        only `name` holds the request."""
+        if not (self.handover and self.move_running) or prompt is None or not prompt.cached or reason in _OWN_RESPONSE:
+            return None
+        if prompt.max_tokens is not None and prompt.max_tokens < 2:
+            return None  # its first token is its answer
+        members = [v for v in snapshot.backends if v.group == snapshot.get(name).group]
+        states = [BackendState(v.name, v.group, v.speculative, v.available, v.inflight) for v in members]
+        chosen = next(s for s in states if s.name == name)
+        return first_token_server(chosen, states, {v.name: prompt.uncached(v.name) for v in members})
 
     def _decide(self, snapshot: PoolSnapshot, tier: Tier, prompt: Prompt | None) -> tuple[str, str]:
         available = [v for v in snapshot.backends if v.available]
@@ -204,8 +227,8 @@ class AdaptivePolicy(Policy):
         """Record per backend its kind, group and whether the group is shared, the decisions since it
         last got a request and a pending probe; per group the last decision placed there and the mode
         new requests go to; the arrival. Tau, the fits and the mean life change only in `observe`."""
-        chosen = snapshot.get(decision.backend)
-        self._last[chosen.group] = f"{decision.backend}: {decision.label}"
+        chosen = snapshot.get(decision.decodes_on)
+        self._last[chosen.group] = f"{decision.decodes_on}: {decision.label}"
         self.lane.routed(decision.tier)
         self._forecast.arrived(snapshot.at, snapshot.total_inflight, snapshot.pending)
         sizes = Counter(v.group for v in snapshot.backends)
@@ -220,7 +243,7 @@ class AdaptivePolicy(Policy):
             arm.shared = sizes[view.group] > 1
             own = view.decode_moments[0] if view.decode_moments is not None else 0.0
             self._learn_steps(arm, self._engine_steps.read(view, steps[view.group] - own))
-            if view.name == decision.backend:
+            if view.name == decision.decodes_on:
                 if decision.reason == "adaptive_explore" and arm.estimator.fitted:
                     arm.probe_pending = True  # a probe of a known backend, not a cold-start measurement
                 arm.since_routed = 0
@@ -238,7 +261,7 @@ class AdaptivePolicy(Policy):
         its re-prefill, the prompt's part the target does not hold, the output earlier backends gave it and its own."""
         if not self.may_move(decision):
             return []
-        target = snapshot.get(decision.backend)
+        target = snapshot.get(decision.decodes_on)
         available = [v for v in snapshot.backends if v.available]
         members = [v for v in available if v.group == target.group]
         strays = [r for r in running if r.backend != target.name and any(v.name == r.backend for v in members)]
@@ -347,6 +370,7 @@ class AdaptivePolicy(Policy):
             "probe_every": self.probe_every,
             "colocated": self.colocated,
             "move_running": self.move_running,
+            "handover": self.handover,
             "half_life": self.estimator.half_life,
             "beliefs": self.beliefs(),
         }

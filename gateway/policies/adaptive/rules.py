@@ -35,6 +35,9 @@ EAGLE_REACH = 1.25
 
 # The reason of a decision that turned a co-located group to the other mode (its strays may follow: `moves`).
 GROUP_SWITCH = "adaptive_group_switch"
+# A request going to an EAGLE server is answered its first token by the plain server of its group when
+# that one would prefill at most this share of what the EAGLE server would (it holds more of the prefix).
+HANDOVER_PREFILL_SHARE = 1.0 / 3.0
 
 
 @dataclass(frozen=True)
@@ -396,3 +399,24 @@ def moves(members: Sequence[BackendState], mode: bool, strays: Sequence[Stray], 
         chosen.append(stray.key)
         joined += 1
     return chosen
+
+
+def first_token_server(chosen: BackendState, members: Sequence[BackendState], uncached: Mapping[str, float]) -> str | None:
+    """The server of `chosen`'s co-located group that answers a request's first token before handing it
+    over to `chosen` (an EAGLE server), or None.
+
+    Prefill where the prefix lives, decode where it is fast: the group's available plain server whose
+    prefix cache leaves it at most `HANDOVER_PREFILL_SHARE` of the prompt tokens `chosen` would
+    prefill (`uncached`, per backend). Its first token comes that much sooner; `chosen` then prefills
+    the prompt as it would have, while the stream is already answering. The price is that server's
+    own prefill and one step beside `chosen`'s, small by this rule.
+    """
+    if not chosen.speculative:
+        return None
+    mates = [b for b in members if b.group == chosen.group and not b.speculative and b.available]
+    if not mates:
+        return None
+    best = min(mates, key=lambda b: (uncached.get(b.name, 0.0), b.name))
+    own = uncached.get(chosen.name, 0.0)
+    return best.name if uncached.get(best.name, 0.0) + 1.0 <= HANDOVER_PREFILL_SHARE * own else None
+
