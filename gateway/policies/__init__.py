@@ -193,9 +193,9 @@ def route(
     `forced` (the x-specgate-route header, already validated) wins when it can be served: a backend
     name, that backend; `eagle` or `plain` naming no backend, that mode (its least-loaded available
     backend). A forced request is never silently moved, so it gets None otherwise. A decision to hand
-    the request over after its first token (`Decision.then`) stands only with `handover` (the caller
-    can move this request's stream) and `then` available; otherwise the request starts where it would
-    have been handed over to.
+    the request over after its first token (`Decision.then`) stands only while `then` is available
+    (else the request stays where it starts) and with `handover`, the caller able to move this
+    request's stream (else it starts on `then`).
     """
     if forced is not None:
         target = forced_backend(snapshot, forced)

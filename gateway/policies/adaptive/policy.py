@@ -10,8 +10,9 @@ the fits leave it in the running, or never measured alone (`adaptive_explore`, b
 probes agree); with a TPOT target no backend meets, the least harm (`adaptive_slo`); otherwise the
 (group, mode) rule of `rules.py`, and a request it sends to EAGLE is answered its first token by the
 plain server of its group when that one holds far more of its prompt (`rules.first_token_server`, a
-handover). `choose` only reads; `routed` stores what a decision changes. Service tiers: priority requests are never probes and see the true predictions, default and flex
-leave the lane (`rules.lane_view`), flex goes to plain decode. Rules and numbers: docs/adaptive.md.
+handover). `choose` only reads; `routed` stores what a decision changes. Service tiers: priority
+requests are never probes and see the true predictions, default and flex leave the lane
+(`rules.lane_view`), flex goes to plain decode. Rules and numbers: docs/adaptive.md.
 """
 
 from __future__ import annotations

@@ -419,4 +419,3 @@ def first_token_server(chosen: BackendState, members: Sequence[BackendState], un
     best = min(mates, key=lambda b: (uncached.get(b.name, 0.0), b.name))
     own = uncached.get(chosen.name, 0.0)
     return best.name if uncached.get(best.name, 0.0) + 1.0 <= HANDOVER_PREFILL_SHARE * own else None
-
