@@ -56,8 +56,12 @@ class _Flight:
     prompt: Prompt | None = None
     first_token_at: float | None = None
     token_chunks: int = 0
-    moved: bool = False  # continued on another backend: its life spans two, it teaches no curve
+    handover: bool = False  # started where it is to be handed over from after its first token
+    moved: bool = False  # continued on another backend
+    teaches: bool = True  # unmoved, or moved only by its handover (as the exchange's `_teaches`)
     given: int = 0  # output tokens earlier servers gave it (in its continued prompt)
+    segment_at: float | None = None  # its first token from the backend it moved to
+    chunks_before: int = 0  # token chunks relayed before it moved
 
 
 class GatewayRouter:
@@ -143,7 +147,7 @@ class GatewayRouter:
             pool.board.prefix.insert(key.keys, slot.backend.index, now)
         slot.on_progress = self._progress
         self.policy.routed(snapshot, decision)
-        self._flights[request.rid] = _Flight(slot, now, key, prompt)
+        self._flights[request.rid] = _Flight(slot, now, key, prompt, handover=decision.then is not None)
         self._moving = self._moves(request.rid, decision) if self.policy.may_move(decision) else []
         if decision.then is not None:  # the exchange's handover: moved at its first token
             self._moving.append((request.rid, self._index[decision.then]))
@@ -171,8 +175,11 @@ class GatewayRouter:
         flight.slot.continue_on(self.pool.names[to], max(request.max_tokens - produced, 1))
         if flight.key is not None:
             self.pool.board.prefix.insert(flight.key.keys, flight.slot.backend.index, now)
+        flight.teaches = flight.handover and not flight.moved
         flight.moved = True
         flight.given = produced
+        flight.segment_at = None
+        flight.chunks_before = flight.token_chunks
 
     def _prompt(self, key: PromptKey | None, max_tokens: int, now: float) -> Prompt | None:
         """What admission tells the policy of a prompt: its length, each backend's predicted hold and how
@@ -196,6 +203,8 @@ class GatewayRouter:
         flight.slot.mark_token(now)
         if flight.first_token_at is None:
             flight.first_token_at = now
+        if flight.moved and flight.segment_at is None:
+            flight.segment_at = now
         flight.token_chunks += 1
 
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
@@ -209,18 +218,21 @@ class GatewayRouter:
                 self.pool.record_prompt(name, request.prompt_tokens, cached_tokens, predicted)
                 self.prefix_estimate.learn(slot.backend.index, flight.key.size, request.prompt_tokens, predicted, cached_tokens)
             window = slot.decode_window()
-            if output_tokens >= 2 and window is not None and flight.first_token_at is not None and not flight.moved:
+            first = flight.segment_at if flight.moved else flight.first_token_at
+            if output_tokens - flight.given >= 2 and window is not None and first is not None and flight.teaches:
+                prompt, cached = (0, 0) if flight.moved else (request.prompt_tokens, cached_tokens)
                 self.policy.observe(
                     Completion(
                         backend=name,
                         output_tokens=output_tokens,
-                        ttft=flight.first_token_at - flight.arrived + 2 * self.hop,
+                        ttft=first - flight.arrived + 2 * self.hop,
                         decode_seconds=window.seconds,
                         mean_inflight=window.mean_inflight,
                         mean_group_inflight=window.mean_group_inflight,
-                        token_chunks=flight.token_chunks,
-                        prompt_tokens=request.prompt_tokens,
-                        cached_tokens=cached_tokens,
+                        token_chunks=flight.token_chunks - flight.chunks_before,
+                        prompt_tokens=prompt,
+                        cached_tokens=cached,
+                        given=flight.given,
                     )
                 )
         slot.release()

@@ -73,7 +73,10 @@ class Completion:
     """What the gateway observed about one finished response; fed back to the policy.
 
     A response not streamed has no chunk times: its `ttft` is its whole life (arrival to the body),
-    `decode_seconds` 0, the mean loads 0 and `token_chunks` 0 (`streamed` is False)."""
+    `decode_seconds` 0, the mean loads 0 and `token_chunks` 0 (`streamed` is False). A stream handed over
+    after its first token (`given` > 0) tells what its last backend did: `ttft` to that backend's first
+    token, the chunks and window since, no prompt (0: that backend was given the earlier output too), and
+    the whole answer's `output_tokens`."""
 
     backend: str
     output_tokens: int
@@ -84,6 +87,12 @@ class Completion:
     token_chunks: int = 0  # stream chunks that carried generated tokens (EAGLE: tokens / chunks = acceptance length)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the backend reported it took from its prefix cache
+    given: int = 0  # output tokens earlier backends produced (a moved stream), in `output_tokens`
+
+    @property
+    def decoded(self) -> int:
+        """Output tokens `backend` generated."""
+        return self.output_tokens - self.given
 
     @property
     def streamed(self) -> bool:

@@ -39,9 +39,9 @@ _FIELDS = 9
 # Per worker: routing decisions made, and the gateway's decision count at its last priority one (0: none).
 _CLOCK = 2
 # Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
-# mean group in-flight, token chunks, prompt tokens, cached tokens. A progress record (a stretch of a
-# stream) has the same layout with no output tokens, ttft or prompt counts.
-_RECORD = 9
+# mean group in-flight, token chunks, prompt tokens, cached tokens, output tokens given (a moved stream).
+# A progress record (a stretch of a stream) has the same layout with no output tokens, ttft or prompt counts.
+_RECORD = 10
 PREFIX_SLOTS = 1 << 17  # prompt blocks the prefix map holds (pool/prefix.py): 3 MB, ~8M tokens of prefixes
 RING = 4096  # completion records kept; a worker further behind than this skips the oldest
 CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker discovered them

@@ -95,6 +95,9 @@ class ProxyResponse(Response):
         self._handoff: Handoff | None = None  # while a stream that may move is relayed
         self._moved_from: str | None = None  # the backend its stream started on, once another went on with it
         self._given = 0  # output tokens earlier backends gave it, in the prompt of the backend that went on
+        # Whether its response teaches the policy: unmoved, or moved only by its handover (all but its first
+        # token decoded where it went on). Moved mid-answer (a switch's stray, a resume), its life spans two.
+        self._teaches = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         telemetry = self._rt.telemetry
@@ -410,7 +413,8 @@ class ProxyResponse(Response):
             if self._rec is not None:
                 self._rec.handed_on(result.error_kind)
             source = slot.backend.name
-            moved = await self._continue(target, kept_text(keep), self._move_reason(result, target))
+            reason = self._move_reason(result, target)
+            moved = await self._continue(target, kept_text(keep), reason)
             if moved is None:  # a drop ends as it would have; a move, as one nobody took up
                 if result.handed_off:
                     result = StreamResult(error_kind="move_failed", tail=job.dialect.stream_error(_MOVE_FAILED))
@@ -419,12 +423,14 @@ class ProxyResponse(Response):
                 assert result.error_kind is not None
                 rt.metrics.upstream_errors.labels(source, result.error_kind).inc()
             resp, fix = moved
+            self._teaches = self._moved_from is None and reason == "handover"
             self._moved_from = self._moved_from or source
             try:
                 result = await self._relay(resp, send, None, keep, fix)
             finally:
                 resp.close()  # the first response is closed where it was sent, a continuation here
             chunks += result.token_chunks
+        last = result  # what the backend that ended it relayed
         if self._moved_from is not None:  # one stream for the client: its first token, every chunk, the last backend's end
             result = replace(result, first_token_at=first.first_token_at, token_chunks=chunks)
         self._result = result
@@ -437,24 +443,31 @@ class ProxyResponse(Response):
             return
         prompt_tokens, cached_tokens = self._count_usage(backend.name, result.usage)
         tokens = int((result.usage or {}).get("completion_tokens") or 0)
+        # A batch's chunks interleave several sequences: its pace says nothing about one sequence's. A
+        # handed-over stream teaches what its last backend did (its decode window restarted there).
         window = slot.decode_window()
-        # A batch's chunks interleave several sequences: its pace says nothing about one sequence's; a
-        # moved stream's life spans two backends.
-        if tokens >= 2 and window is not None and result.first_token_at is not None and slot.weight == 1 and self._moved_from is None:
+        if slot.weight > 1 or window is None or last.first_token_at is None or not self._teaches:
+            return
+        moved = self._moved_from is not None
+        given = self._given if moved else 0
+        if tokens - given < 2:
+            return
+        if not moved:
             rt.metrics.tier_tpot.labels(job.tier).observe(window.seconds / (tokens - 1))
-            rt.learn(
-                Completion(
-                    backend=backend.name,
-                    output_tokens=tokens,
-                    ttft=result.first_token_at - job.arrived_at,
-                    decode_seconds=window.seconds,
-                    mean_inflight=window.mean_inflight,
-                    mean_group_inflight=window.mean_group_inflight,
-                    token_chunks=result.token_chunks,
-                    prompt_tokens=prompt_tokens,
-                    cached_tokens=cached_tokens,
-                )
+        rt.learn(
+            Completion(
+                backend=backend.name,
+                output_tokens=tokens,
+                ttft=last.first_token_at - job.arrived_at,
+                decode_seconds=window.seconds,
+                mean_inflight=window.mean_inflight,
+                mean_group_inflight=window.mean_group_inflight,
+                token_chunks=last.token_chunks,
+                prompt_tokens=0 if moved else prompt_tokens,
+                cached_tokens=0 if moved else cached_tokens,
+                given=given,
             )
+        )
 
     async def _relay(
         self,

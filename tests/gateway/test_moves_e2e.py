@@ -33,7 +33,7 @@ from gateway.config import Settings
 from gateway.edge.http_protocol import GatewayHttpProtocol
 from gateway.http_server import connection_limits
 from gateway.metrics import GatewayMetrics
-from gateway.policies import Decision, Running
+from gateway.policies import Completion, Decision, Running
 from gateway.policies.static import ThresholdPolicy
 from gateway.pool.backends import Health
 from gateway.policies import Policy, Prompt
@@ -51,13 +51,18 @@ SOON = 10.0
 
 
 class MovingPolicy(ThresholdPolicy):
-    """A lone request goes to EAGLE; the next goes to plain and takes every running stream with it."""
+    """A lone request goes to EAGLE; the next goes to plain and takes every running stream with it. It
+    keeps what it learns."""
 
     move_running = True
 
     def __init__(self) -> None:
         super().__init__(1)
         self.asked: list[list[Running]] = []
+        self.learned: list[Completion] = []
+
+    def observe(self, completion: Completion) -> None:
+        self.learned.append(completion)
 
     def may_move(self, decision: Decision) -> bool:
         return decision.backend == "plain"
@@ -68,15 +73,19 @@ class MovingPolicy(ThresholdPolicy):
 
 
 class HandingOverPolicy(ThresholdPolicy):
-    """Every request starts on plain, to be handed over to EAGLE after its first token."""
+    """Every request starts on plain, to be handed over to EAGLE after its first token; it keeps what it learns."""
 
     move_running = True
 
     def __init__(self) -> None:
         super().__init__(1)
+        self.learned: list[Completion] = []
 
     def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
         return Decision("plain", "test_handover", tier, then="eagle")
+
+    def observe(self, completion: Completion) -> None:
+        self.learned.append(completion)
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +193,8 @@ async def test_a_moved_chat_answer_reads_as_the_unmoved_one(sims: tuple[str, str
         finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         assert len(roles) == 1 and finishes == ["length"]  # one answer: opened once, ended once
         assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}
+        # Moved mid-answer, it teaches nothing: the forced reference and the short request that moved it do.
+        assert [(c.backend, c.output_tokens) for c in rt.policy.learned] == [("eagle", LIMIT), ("plain", 4)]
     lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
     moved = [(line["backend"], line["completion_tokens"]) for line in lines if line["moved_from"] == "eagle"]
     assert moved == [("plain", LIMIT)]
@@ -266,11 +277,20 @@ async def test_a_move_nobody_can_take_ends_the_stream_with_an_error_and_frees_it
 
 async def test_a_handed_over_answer_reads_as_one_from_the_backend_it_goes_on_on(sims: tuple[str, str], tmp_path: Path) -> None:
     log = tmp_path / "access.log"
-    async with gateway(*sims, access_log=log, policy=HandingOverPolicy()) as (rt, client):
+    policy = HandingOverPolicy()
+    async with gateway(*sims, access_log=log, policy=policy) as (rt, client):
         model = served_model(sims)
         reference, reference_usage, _ = await chat(client, model, route="eagle")  # forced: never handed over
         text, usage, chunks = await chat(client, model)
         assert moves(rt, "plain", "eagle", "handover") == 1 and moves(rt, "plain", "eagle") == 0
+        # It teaches what EAGLE did after the handover: its own tokens, chunks and decode, the whole answer's
+        # output, no prompt (EAGLE was given it with the first token); the unmoved one teaches its prompt.
+        unmoved, handed = policy.learned
+        assert (unmoved.backend, unmoved.given, unmoved.output_tokens) == ("eagle", 0, LIMIT) and unmoved.prompt_tokens > 0
+        assert (handed.backend, handed.output_tokens, handed.prompt_tokens, handed.cached_tokens) == ("eagle", LIMIT, 0, 0)
+        assert 1 <= handed.given < LIMIT and handed.decode_seconds > 0.0
+        content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+        assert handed.token_chunks == len(content) - 1  # plain's first token event is not EAGLE's
         assert text == reference
         assert (usage.prompt_tokens, usage.completion_tokens) == (reference_usage.prompt_tokens, reference_usage.completion_tokens)
         assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.config import PolicyConfig
 from gateway.policies import Completion, Decision, Running
 from gateway.policies.adaptive import AdaptivePolicy
@@ -63,3 +65,22 @@ def test_a_stream_moved_before_prices_the_output_it_was_given_into_its_re_prefil
     moved_before = Running("moved", "g0-eagle", 10, 300, 100.0, given=5000)
     assert policy.moves(switch, decision, [fresh]) == ["fresh"]
     assert policy.moves(switch, decision, [moved_before]) == []
+
+
+def test_a_moved_answer_teaches_what_its_last_backend_did_and_the_whole_answers_output() -> None:
+    """64 of 129 tokens decoded on EAGLE after a move, in 16 chunks at 4 ms a token: EAGLE's tau is 4 and its
+    line 4 ms at one request; the mean output is the answer's 129 tokens; the prompt, prefilled where
+    the answer started and re-prefilled with the output given, teaches no prefill cost or hit share."""
+    policy = AdaptivePolicy()
+    idle = groups((0, 0))
+    policy.routed(idle, Decision("g0-eagle", "adaptive_prior"))
+    before = policy.beliefs()
+    for _ in range(200):
+        policy.observe(Completion("g0-eagle", 129, 0.5, 63 * 0.004, 1.0, 1.0, token_chunks=16, given=65))
+    beliefs = policy.beliefs()
+    eagle_arm = beliefs["backends"]["g0-eagle"]
+    assert eagle_arm["tau"] == pytest.approx(4.0)
+    assert eagle_arm["points"][0] == pytest.approx([1.0, 0.004])
+    assert beliefs["mean_output_tokens"] == pytest.approx(129.0, rel=0.01)
+    assert beliefs["prefill_seconds_per_token"] == before["prefill_seconds_per_token"] == {}
+    assert beliefs["prefix_hit_share"] == before["prefix_hit_share"]

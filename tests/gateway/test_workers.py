@@ -99,7 +99,7 @@ def test_the_health_checkers_engine_loads_reach_every_worker(board: LoadBoard) -
 def test_a_worker_further_behind_than_the_ring_skips_the_oldest_records_in_order(board: LoadBoard) -> None:
     writer, reader = _attach(board, 0), _attach(board, 1)
     assert reader.unread() == []
-    records = [(n % 2, n, 0.5, 1.0, 2.0, 2.0, 3, 100, 40) for n in range(RING + 10)]  # the ring wraps around
+    records = [(n % 2, n, 0.5, 1.0, 2.0, 2.0, 3, 100, 40, n % 3) for n in range(RING + 10)]  # the ring wraps around
     for record in records:
         writer.publish(record)
     kept = reader.unread()
@@ -136,7 +136,9 @@ def test_every_worker_learns_every_completion_as_one_process_would(board: LoadBo
         n = rng.uniform(1, 40)
         tokens = rng.randint(8, 300)
         tpot = (0.010 if backend == "eagle" else 0.014) + (0.0012 if backend == "eagle" else 0.0003) * n
-        completion = Completion(backend, tokens, 0.05, tpot * (tokens - 1) * rng.uniform(0.9, 1.1), n, n, max(1, tokens // 3))
+        given = tokens // 2 if i % 7 == 0 else 0  # a handed-over stream's: EAGLE or plain decoded the rest
+        decode = tpot * (tokens - given - 1) * rng.uniform(0.9, 1.1)
+        completion = Completion(backend, tokens, 0.05, decode, n, n, max(1, (tokens - given) // 3), given=given)
         single.learn(completion)
         workers[i % WORKERS].learn(completion)  # whichever worker relayed the response
     expected = single.policy.describe()["beliefs"]["backends"]

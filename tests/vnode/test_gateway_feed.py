@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
-from gateway.policies import Completion
+from backends.sim.settings import SimSettings
+from gateway.policies import Completion, Decision, Prompt, Running
 from gateway.policies.static import ThresholdPolicy
 from gateway.pool.backends import Backend, Health, Pool
+from gateway.pool.snapshot import PoolSnapshot
+from gateway.tiers import DEFAULT, Tier
 from loadtest.envelope.fair import SUBJECT, Hardware
 from loadtest.records import RequestRecord, RequestSpec
 from loadtest.sweep import Level, RequestsPerLevel, SweepSettings
 from vnode.clients import run_plan
 from vnode.envelope import QuietProgress, warm_up_plan
-from vnode.events import EventQueue
+from vnode.events import ARRIVAL, EventQueue
 from vnode.gateway_router import BackendSpec, GatewayRouter
+from vnode.node import Node
 from vnode.requests import Request
 from vnode.targets import TargetSpec, same_hardware_targets
 
@@ -134,3 +139,68 @@ def test_a_response_with_nothing_cached_where_a_hold_was_predicted_lowers_the_tr
     router.route(evicted, 0.2)
     router.finish(evicted, 0.3, 8, cached_tokens=0)
     assert trust[0] < 1.0  # the map predicted the prompt held there, and the server reported none of it
+
+
+def pair_routed_by(policy: ThresholdPolicy, profile: Path) -> tuple[EventQueue, Node, list[Completion]]:
+    """A co-located EAGLE + plain pair on one GPU (`profile`'s steps) routed by a gateway with `policy`; the
+    completions its policy learns."""
+    events = EventQueue()
+    backends = [BackendSpec("g0-eagle", True, "g0"), BackendSpec("g0-plain", False, "g0")]
+    router = GatewayRouter(policy, backends, lambda: events.now, inflight_limit=100, flex_share=0.5)
+    sim = SimSettings(colocated=True, eagle_port=[0], plain_port=[0], profile="llama8b-h100", profile_file=profile)
+    node = TargetSpec("test", sim).node(events, router)
+    return events, node, recording(router)
+
+
+class HandingOver(ThresholdPolicy):
+    """Every request starts on the plain server and is handed over to EAGLE after its first token."""
+
+    move_running = True
+
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
+        return Decision("g0-plain", "test_handover", tier, then="g0-eagle")
+
+
+def test_a_handed_over_response_teaches_what_eagle_did_after_the_first_token(round_profile: Path) -> None:
+    """As the exchange feeds it: EAGLE's own chunks, from its first one to the end, the whole answer's output,
+    the token plain gave it, and no prompt (EAGLE was given it again with that token)."""
+    events, node, observed = pair_routed_by(HandingOver(100), round_profile)
+    done: list[RequestRecord] = []
+    events.at(0.0, ARRIVAL, node.submit, RequestSpec(" ".join(["word"] * 20), 20, output_len=9), done.append)
+    events.run()
+    (record,), (learned,) = done, observed
+    assert record.completion_tokens == 9
+    given = len(record.chunk_texts[0].split())
+    assert (learned.backend, learned.output_tokens, learned.given, learned.prompt_tokens) == ("g0-eagle", 9, given, 0)
+    assert given == 1 and learned.token_chunks == len(record.chunk_times) - 1
+    eagle_first, last = record.chunk_times[1], record.chunk_times[-1]
+    assert (learned.ttft, learned.decode_seconds) == pytest.approx((eagle_first - record.start, last - eagle_first))
+
+
+class MovingAll(ThresholdPolicy):
+    """The first request goes to EAGLE, the next to plain, taking every running stream with it."""
+
+    move_running = True
+
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
+        busy = any(v.inflight for v in snapshot.backends)
+        return Decision("g0-plain" if busy else "g0-eagle", "test_move", tier)
+
+    def may_move(self, decision: Decision) -> bool:
+        return decision.backend == "g0-plain"
+
+    def moves(self, snapshot: PoolSnapshot, decision: Decision, running: Sequence[Running]) -> list[str]:
+        return [r.key for r in running]
+
+
+def test_a_response_moved_mid_answer_teaches_nothing(round_profile: Path) -> None:
+    """As the exchange: its rest decoded while a switch drained, its life spans both modes."""
+    events, node, observed = pair_routed_by(MovingAll(100), round_profile)
+    moved: list[RequestRecord] = []
+    short: list[RequestRecord] = []
+    words = " ".join(["word"] * 20)
+    events.at(0.0, ARRIVAL, node.submit, RequestSpec(words, 20, output_len=13), moved.append)
+    events.at(0.010, ARRIVAL, node.submit, RequestSpec(words, 20, output_len=3), short.append)  # after EAGLE's first chunks
+    events.run()
+    assert moved[0].completion_tokens == 13 and len(moved[0].chunk_texts[-1].split()) == 1  # it did move: plain's chunks
+    assert [(c.backend, c.output_tokens) for c in observed] == [("g0-plain", 3)]

@@ -305,9 +305,9 @@ class AdaptivePolicy(Policy):
         else:
             arm.unstreamed += 1
             self._unstreamed += 1
-        arm.learn_tau(completion.output_tokens, completion.token_chunks)
+        arm.learn_tau(completion.decoded, completion.token_chunks)
         self._learn_prompt(arm, completion)
-        tokens = completion.output_tokens - 1  # the first token's time is TTFT, not decode
+        tokens = completion.decoded - 1  # the first token's time is TTFT, not decode
         if tokens < 1 or completion.decode_seconds <= 0.0:
             return
         others = completion.mean_group_inflight - completion.mean_inflight
@@ -349,6 +349,8 @@ class AdaptivePolicy(Policy):
         """The mean output, and per kind the time to first token per prompt token it had to prefill, from
         responses with a long uncached prompt (their TTFT is mostly prefill, queueing for it included)."""
         self._mean_output += OUTPUT_RATE * (completion.output_tokens - self._mean_output)
+        if completion.given > 0:  # handed over: where its prompt was prefilled, and how much, is not reported
+            return
         if completion.prompt_tokens > 0:
             share = min(completion.cached_tokens / completion.prompt_tokens, 1.0)
             self._hit_share += OUTPUT_RATE * (share - self._hit_share)
@@ -382,7 +384,7 @@ class AdaptivePolicy(Policy):
     def beliefs(self) -> dict[str, Any]:
         """Fitted lines, predicted TPOT for one more request at the current load, the prompt costs the prefix
         rule prices (prefill per token by kind, the share of prompts found cached and the reuse it
-        implies), per-group beliefs, the crossover."""
+        implies), the mean output, per-group beliefs, the crossover."""
         snapshot = self._live() if self._live is not None else None
         views = {b.name: b for b in snapshot.backends} if snapshot else {}
         predicted = {}
@@ -397,6 +399,7 @@ class AdaptivePolicy(Policy):
             "prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._prefill_costs().items()},
             "engine_prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._engine_prefill.cost.items()},
             "prefix_hit_share": self._hit_share,
+            "mean_output_tokens": self._mean_output,
             "prefix_reuse": self._reuse(),
         }
         if snapshot is not None:
