@@ -33,7 +33,7 @@ from pathlib import Path
 
 import click
 
-from benchmarks.output import publish
+from benchmarks.output import publish, run_outputs
 from benchmarks.vnode_agreement import GATEWAY_WORKERS, envelope, scale_of
 from loadtest.results import LevelResult, ResultsDocument
 from loadtest.stats import LevelStats
@@ -106,12 +106,7 @@ def cells(values: tuple[float | None, ...], fmt: str) -> str:
 @click.option("--rule", type=click.Choice(sorted(RULES)), default="moves", show_default=True, help="the rule to run on and off")
 @click.option("--time-scale", default="auto", show_default=True, help="the envelopes' --time-scale")
 @click.option("--parallel", is_flag=True, help="run both envelopes at once")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write the report here")
-@click.option("--raw", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="copy each run's results.json here")
-@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="keep both envelopes' outputs here [default: a temporary directory]")
-@click.option("--reuse", is_flag=True, help="use results already in --work-dir")
+@run_outputs
 def main(rule: str, time_scale: str, parallel: bool, out: Path | None, raw: Path | None, work_dir: Path | None,
          reuse: bool) -> None:
     """Run the envelope with the rule on and off and compare specgate's ratios level by level."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,6 +18,23 @@ def publish(text: str, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
+
+
+def run_outputs(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a benchmark whose envelopes run in real time: `out` (the report), `raw` (each run's
+    results.json copied there), `work_dir` (the envelopes' outputs kept there) and `reuse` (results
+    already there taken as they are)."""
+    options = (
+        click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write the report here"),
+        click.option("--raw", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="copy each real-time run's results.json here"),
+        click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="keep the envelopes' outputs here [default: a temporary directory]"),
+        click.option("--reuse", is_flag=True, help="use real-time results already in --work-dir"),
+    )
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
 
 
 def interpreter() -> str:

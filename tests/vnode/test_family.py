@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from backends.sim.profiles import load_profile
+from benchmarks.family_realtime import FamilyCell, envelope_args
 from loadtest.workloads.lengths import LengthDist
 from vnode.cli import main
 from vnode.family import BASE_PROFILE, CROSSOVERS, GROUPS, Member, family, members
@@ -87,3 +88,16 @@ def test_the_family_command_prints_each_cell_and_writes_its_checks(tmp_path: Pat
     assert "python -m vnode family --members x8-s2-line-k1 --workloads step" in report
     verdict = "of 1 |" in report and ("| step | 1 of 1 |" in report) == (not any(not c["met"] for c in cells[0]["checks"]))
     assert verdict and "| x8-s2-line-k1 |" in report
+
+
+@pytest.mark.parametrize("name", ["x4-s2-line-k1:poisson", "x16-s2-line-k2:step", "x8-s1.5-line-k2:closed-lognormal"])
+def test_the_envelope_command_runs_a_family_cell_as_the_family_does(name: str, tmp_path: Path) -> None:
+    """benchmarks/family_realtime.py runs a cell in real time with these arguments: in vnode, with each
+    request's own draws (the family's), they give the family's checks exactly."""
+    cell = FamilyCell.parse(name)
+    args = envelope_args(cell.member, cell.workload, tmp_path)
+    CliRunner().invoke(main, ["envelope", *args, "--draws", "request", "--out", str(tmp_path / "out")])
+    written = orjson.loads((tmp_path / "out" / "results.json").read_bytes())["envelope"]["checks"]
+    family_checks = cell_document(cell.member, cell.workload).envelope.checks  # type: ignore[union-attr]
+    by_name = {c["name"]: (c["met"], c["worst"]) for c in written}
+    assert {c.name: (c.met, c.worst) for c in family_checks} == {c.name: by_name[c.name] for c in family_checks}
