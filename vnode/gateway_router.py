@@ -124,10 +124,9 @@ class GatewayRouter:
             nxt += step
         self._next_poll = nxt
 
-    def route(self, request: Request, now: float, pending: int = 0) -> int:
+    def route(self, request: Request, now: float) -> int:
         self._poll(now)
         pool = self.pool
-        pool.pending = pending
         inflight = pool.total_inflight
         try:
             if inflight >= self.inflight_limit:

@@ -13,7 +13,6 @@ specgate; the client hears of it in the `ARRIVAL` phase of its last chunk's time
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,7 +69,6 @@ class Node:
         self.servers: list[Server] = []
         self._flights: dict[str, _Flight] = {}
         self._rids = itertools.count()
-        self._arriving: Counter[float] = Counter()  # requests arriving at an instant, not yet routed
         self._engine_rids: dict[str, str] = {}  # a moved request's id -> its engine request's now
 
     def add_server(self, server: Server) -> None:
@@ -80,16 +78,13 @@ class Node:
     def submit(self, spec: RequestSpec, on_done: OnDone) -> None:
         """Send `spec` now; `on_done` gets its record once the response has ended."""
         when = self.events.now + self.hop
-        self._arriving[when] += 1
         self.events.at(when, ARRIVAL, self._arrive, spec, on_done, self.events.now)
 
     def _arrive(self, spec: RequestSpec, on_done: OnDone, sent: float) -> None:
         now = self.events.now
         request = Request.of(f"vnode-{next(self._rids)}", spec)
-        self._arriving[now] -= 1
-        pending = self._arriving[now] if self._arriving[now] else self._arriving.pop(now)
         try:
-            index = self.router.route(request, now, pending)
+            index = self.router.route(request, now)
         except Refused as refused:
             self._refuse(spec, sent, refused.status, str(refused), on_done)
             return

@@ -27,9 +27,10 @@ class Refused(Exception):
 class Router(Protocol):
     """Routes a target's requests to its servers and observes what they stream back."""
 
-    def route(self, request: Request, now: float, pending: int = 0) -> int:
-        """The index of the server `request` goes to (raises `Refused`); `pending` more requests arrived at
-        the same instant and wait their turn (a gateway sees a burst before it routes its first)."""
+    def route(self, request: Request, now: float) -> int:
+        """The index of the server `request` goes to (raises `Refused`). Requests arriving at one instant are
+        routed one after another, each knowing nothing of the others still to come: a real gateway
+        routes each request as it reads it, and a burst reaches it one request at a time."""
         ...
 
     def chunk(self, request: Request, now: float, tokens: int) -> None:
@@ -61,7 +62,7 @@ class LeastInFlightRouter:
         self.balancer = LeastInFlight(servers)
         self._held: dict[str, int] = {}
 
-    def route(self, request: Request, now: float, pending: int = 0) -> int:
+    def route(self, request: Request, now: float) -> int:
         index = self.balancer.acquire()
         self._held[request.rid] = index
         return index

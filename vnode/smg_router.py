@@ -163,7 +163,7 @@ class SmgCacheAwareRouter:
         self._held: dict[str, int] = {}
         self._rng = random.Random(seed)
 
-    def route(self, request: Request, now: float, pending: int = 0) -> int:
+    def route(self, request: Request, now: float) -> int:
         self._poll(now)
         s = self.settings
         eligible = self._eligible()

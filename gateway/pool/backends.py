@@ -285,7 +285,6 @@ class Pool:
 
     def __init__(self, backends: list[Backend], board: Board | None = None, clock: Clock = time.monotonic) -> None:
         self.board: Board = board or LocalBoard()
-        self.pending = 0  # requests arrived and not yet routed (a burst seen before its first is placed)
         self.clock = clock
         self._backends = {b.name: b for b in backends}
         for index, backend in enumerate(backends):
@@ -390,7 +389,7 @@ class Pool:
         """The current state as plain data for a policy."""
         self.sync()
         now = self.clock()
-        return PoolSnapshot(tuple(b._view() for b in self._backends.values()), now, self.pending)
+        return PoolSnapshot(tuple(b._view() for b in self._backends.values()), now)
 
     def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
         """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per

@@ -40,7 +40,6 @@ class PoolSnapshot:
 
     backends: tuple[BackendView, ...]
     at: float = field(default=0.0, compare=False)  # the pool's clock when it was taken (not part of the state)
-    pending: int = 0  # requests that have arrived and wait for their routing decision
 
     @property
     def total_inflight(self) -> int:

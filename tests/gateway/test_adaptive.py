@@ -355,12 +355,12 @@ def test_no_colocated_probe_in_a_busy_spell() -> None:
     policy = trained(LLAMA_EAGLE, LLAMA_PLAIN, colocated=True, probe_every=10)  # a life of about 0.5 s
     views = (BackendView("eagle", True, True, 16, "g0"), BackendView("plain", False, True, 0, "g0"))
     for step in range(40):  # two seconds of 16 requests in flight
-        policy.routed(PoolSnapshot(views, 0.05 * step, 0), Decision("eagle", "adaptive_predicted_faster"))
+        policy.routed(PoolSnapshot(views, 0.05 * step), Decision("eagle", "adaptive_predicted_faster"))
     idle = (BackendView("eagle", True, True, 0, "g0"), BackendView("plain", False, True, 0, "g0"))
     # A lull right after the spell: the group has been carrying 16, whatever it holds now.
-    assert policy.choose(PoolSnapshot(idle, 2.1, 0)).reason != "adaptive_explore"
+    assert policy.choose(PoolSnapshot(idle, 2.1)).reason != "adaptive_explore"
     # Once it has been quiet for a few lives, the overdue probe goes.
-    assert policy.choose(PoolSnapshot(idle, 30.0, 0)) == Decision("plain", "adaptive_explore")
+    assert policy.choose(PoolSnapshot(idle, 30.0)) == Decision("plain", "adaptive_explore")
 
 
 def test_a_relearn_or_an_outage_resets_the_probe_interval() -> None:

@@ -1,5 +1,5 @@
 """The load forecast (gateway/policies/adaptive/forecast.py): the mean load arrivals met, the rise of a
-step up, batches left out of it, and the settled load after a lull."""
+step up, bursts left out of it, and the settled load after a lull."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from gateway.policies.adaptive.forecast import (
 def closed_loop(forecast: LoadForecast, level: int, start: float, seconds: float, step: float = 0.01) -> None:
     """`level` requests always in flight from `start` for `seconds`, one replaced every `step`."""
     for k in range(round(seconds / step)):
-        forecast.arrived(start + k * step, level - 1, 0)
+        forecast.arrived(start + k * step, level - 1)
 
 
 def poisson(forecast: LoadForecast, rate: float, life: float, arrivals: int, seed: int = 0) -> tuple[float, float]:
@@ -32,31 +32,31 @@ def poisson(forecast: LoadForecast, rate: float, life: float, arrivals: int, see
         t += draw.expovariate(rate)
         ends = [e for e in ends if e > t]
         if k >= 100:
-            readings.append(forecast.settled(t, 0, 0))
-        forecast.arrived(t, len(ends), 0)
+            readings.append(forecast.settled(t, 0))
+        forecast.arrived(t, len(ends))
         ends.append(t + life)
     return sum(readings) / len(readings), rate * life
 
 
 def test_before_any_request_finished_only_what_is_there_counts() -> None:
     forecast = LoadForecast()
-    forecast.arrived(0.0, 0, 0)
-    assert forecast.load(1.0, 5, 2) == 8.0  # five in flight, two waiting and this one
-    assert forecast.settled(1.0, 5, 2) == 8.0
+    forecast.arrived(0.0, 0)
+    assert forecast.load(1.0, 5) == 6.0  # five in flight and this one
+    assert forecast.settled(1.0, 5) == 6.0
 
 
 def test_a_closed_loop_reads_as_its_concurrency_whatever_the_lengths() -> None:
     forecast = LoadForecast()
     forecast.finished(0.5)
     closed_loop(forecast, 16, 0.0, 3.0)
-    assert forecast.load(3.0, 15, 0) == pytest.approx(16.0)
-    assert forecast.settled(3.0, 15, 0) == pytest.approx(16.0)
+    assert forecast.load(3.0, 15) == pytest.approx(16.0)
+    assert forecast.settled(3.0, 15) == pytest.approx(16.0)
     # A wrong mean life changes the window, not the reading: every arrival met the same load.
     for life in (0.1, 2.0):
         other = LoadForecast()
         other.finished(life)
         closed_loop(other, 16, 0.0, 3.0)
-        assert other.load(3.0, 15, 0) == pytest.approx(16.0)
+        assert other.load(3.0, 15) == pytest.approx(16.0)
 
 
 def test_an_open_loop_arrival_meets_the_mean_load_and_adds_itself() -> None:
@@ -75,12 +75,12 @@ def test_a_light_span_reaches_back_to_the_last_arrivals() -> None:
     forecast = LoadForecast()
     forecast.finished(1.0)
     for k in range(MET_ARRIVALS):  # each met one other, five seconds apart
-        forecast.arrived(5.0 * k, 1, 0)
+        forecast.arrived(5.0 * k, 1)
     at = 5.0 * MET_ARRIVALS
-    assert forecast.load(at, 0, 0) == pytest.approx(2.0)
-    assert forecast.settled(at, 0, 0) == pytest.approx(2.0)
+    assert forecast.load(at, 0) == pytest.approx(2.0)
+    assert forecast.settled(at, 0) == pytest.approx(2.0)
     # Nothing within the last `2 * SETTLED_LIVES` lives: only what is there now.
-    assert forecast.settled(at + 5.0 + 2 * SETTLED_LIVES, 0, 0) == 1.0
+    assert forecast.settled(at + 5.0 + 2 * SETTLED_LIVES, 0) == 1.0
 
 
 def test_a_step_up_is_seen_within_a_few_arrivals() -> None:
@@ -89,20 +89,41 @@ def test_a_step_up_is_seen_within_a_few_arrivals() -> None:
     closed_loop(forecast, 4, 0.0, 4.0)
     # Open-loop arrivals come faster: six more in flight within 60 ms, one at a time.
     for k in range(6):
-        forecast.arrived(4.0 + 0.01 * (k + 1), 4 + k, 0)
+        forecast.arrived(4.0 + 0.01 * (k + 1), 4 + k)
     t, inflight = 4.07, 10
     expected = inflight + 1 + (inflight - 4) * RISE_AHEAD / RISE_WINDOW
-    assert forecast.load(t, inflight, 0) == pytest.approx(expected)
+    assert forecast.load(t, inflight) == pytest.approx(expected)
 
 
-def test_a_batch_is_counted_whole_and_not_as_a_rise() -> None:
+def test_a_burst_is_not_a_rise() -> None:
+    """A client's burst reaches the gateway one request at a time, a fraction of a millisecond apart: what
+    is there counts, and no rise is carried ahead (a closed loop of 16 starting read as up to 44)."""
     forecast = LoadForecast()
     forecast.finished(1.0)
     closed_loop(forecast, 4, 0.0, 4.0)
-    # Eight requests at one instant: the first sees seven more waiting, the last none.
     for k in range(8):
-        forecast.arrived(4.0, 4 + k, 7 - k)
-    assert forecast.load(4.0, 12, 0) == 13.0  # what is there, no rise carried ahead
+        forecast.arrived(5.0 + 0.0003 * k, 4 + k)
+    assert forecast.load(5.0024, 12) == 13.0
+    # The same eight spread over 60 ms are a step up in open-loop load: their rise is carried ahead.
+    stepped = LoadForecast()
+    stepped.finished(1.0)
+    closed_loop(stepped, 4, 0.0, 4.0)
+    for k in range(8):
+        stepped.arrived(5.0 + 0.0075 * k, 4 + k)
+    assert stepped.load(5.06, 12) > 13.0 + 4
+
+
+def test_a_closed_loop_replacing_completions_in_waves_reads_its_concurrency() -> None:
+    """A step ends several requests at once and the clients send their next ones over the next
+    millisecond: each wave refills the loop, which is no rise."""
+    forecast = LoadForecast()
+    forecast.finished(0.5)
+    t = 0.0
+    for _ in range(40):
+        for k in range(4):  # four end together; their successors arrive 0.3 ms apart
+            forecast.arrived(t + 0.0003 * k, 12 + k)
+        t += 0.05
+    assert forecast.load(t, 15) == pytest.approx(16.0, abs=0.5)
 
 
 def test_a_lull_after_heavy_traffic_is_not_light_traffic() -> None:
@@ -111,10 +132,10 @@ def test_a_lull_after_heavy_traffic_is_not_light_traffic() -> None:
     closed_loop(forecast, 32, 0.0, 3.0)
     # Everything finished; a lone request arrives a life and a half later: the last life held no
     # arrival, and the arrivals before it met 32.
-    assert forecast.settled(3.75, 0, 0) == pytest.approx(32.0)
+    assert forecast.settled(3.75, 0) == pytest.approx(32.0)
     # Lone requests after the lull: each meets only itself, and the settled load falls with them.
     for k in range(MET_ARRIVALS):
-        forecast.arrived(5.0 + 0.5 * k, 0, 0)
-    assert forecast.load(5.0 + 0.5 * MET_ARRIVALS, 0, 0) == 1.0
+        forecast.arrived(5.0 + 0.5 * k, 0)
+    assert forecast.load(5.0 + 0.5 * MET_ARRIVALS, 0) == 1.0
     # Quiet for twice the settled span: light at last, whatever came before.
-    assert forecast.settled(5.0 + 0.5 * MET_ARRIVALS + 2 * SETTLED_LIVES * 0.5, 0, 0) == 1.0
+    assert forecast.settled(5.0 + 0.5 * MET_ARRIVALS + 2 * SETTLED_LIVES * 0.5, 0) == 1.0

@@ -66,7 +66,7 @@ class Fixed:
         self.last = -1
         self.moved_to: list[tuple[str, int, int]] = []
 
-    def route(self, request: Request, now: float, pending: int = 0) -> int:
+    def route(self, request: Request, now: float) -> int:
         self.last = next(self.order)
         self.routed += 1
         return self.last

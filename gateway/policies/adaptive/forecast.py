@@ -1,17 +1,18 @@
 """The load the node is about to carry over one request's life, and the load it has been carrying.
 
 A routing decision holds for a request's whole life, so a group's mode must suit the load over that
-life. A request decodes beside the load arrivals meet: each arrival's in-flight and waiting counts,
-itself included, averaged over the arrivals of the last life (the forecast) and of the last few
+life. A request decodes beside the load arrivals meet: each arrival's in-flight count, itself
+included, averaged over the arrivals of the last life (the forecast) and of the last few
 (`settled`), reaching back to the last `MET_ARRIVALS` within `_KEEP_LIVES` lives at light load. Under
 open loop that is one more than the time-averaged in-flight count (an arrival meets the average and
 adds itself); a closed loop's arrivals meet its concurrency. The forecast is the larger of that mean
-and what is there now (in flight, waiting, this request) plus the rise of the in-flight count over
+and what is there now (in flight and this request) plus the rise of the in-flight count over
 the last quarter life carried half a life ahead: a step up in open-loop load is seen after a handful
-of arrivals. Arrivals in one batch (one instant, or while others waited to be routed) are left out
-of the rise: the waiting count holds a batch whole, and a closed loop's arrivals, which replace its
-completions in waves, show no rise. The life is the EWMA of finished requests' time from arrival to
-last token; before the first, only what is there now is known.
+of arrivals. A burst is one event, not a rate that goes on (a closed loop starting, or replacing its
+completions in waves), so it is left out of the rise; the gateway reads it one request at a time,
+over a millisecond or so: arrivals closer together than a small share of the mean gap between
+arrivals came in one burst. The life is the EWMA of finished requests' time from arrival to last
+token; before the first, only what is there now is known.
 """
 
 from __future__ import annotations
@@ -25,25 +26,28 @@ RISE_AHEAD = 0.5  # ... and the lives ahead it is carried (to the middle of the 
 SETTLED_LIVES = 4.0  # the settled load is the mean over the arrivals of this many lives
 MET_ARRIVALS = 8  # a span's mean reaches back to at least this many arrivals ...
 _KEEP_LIVES = 2 * SETTLED_LIVES  # ... of this many lives at most; older ones are dropped (the life may still grow)
+# An arrival within this share of the mean gap between the arrivals kept (reckoned at MET_ARRIVALS a life
+# at least) of the one before came in the same burst: a 32nd of the mean gap catches 3% of Poisson gaps.
+INSTANT_SHARE = 1.0 / 32.0
 
 
 class LoadForecast:
-    """At each routing: the pool's clock and the load the request met (in flight, waiting, itself), and
-    whether it came in a batch, over the last few lives; the mean life."""
+    """At each routing: the pool's clock and the load the request met (in flight and itself), and whether
+    it came in a burst, over the last few lives; the mean life."""
 
     def __init__(self) -> None:
         self.life = 0.0  # seconds; 0 until a request finished
         self._times: list[float] = []  # routing times, in order
         self._met: list[float] = [0.0]  # running sum of the loads the arrivals met (one entry ahead of `_times`)
         self._first = 0  # index of the oldest kept
-        self._routed: deque[tuple[float, int, bool]] = deque()  # (time, in flight with it, in a batch)
-        self._batched = 0  # how many of those came in a batch
+        self._routed: deque[tuple[float, int, bool]] = deque()  # (time, in flight with it, in a burst)
+        self._batched = 0  # how many of those came in a burst
 
-    def arrived(self, at: float, inflight: int, pending: int) -> None:
-        """A request was routed at `at` (the pool's clock), `inflight` already in flight, `pending` more waiting."""
-        batch = pending > 0 or (self._first < len(self._times) and self._times[-1] == at)
+    def arrived(self, at: float, inflight: int) -> None:
+        """A request was routed at `at` (the pool's clock) with `inflight` already in flight."""
+        batch = self._first < len(self._times) and at - self._times[-1] <= self._instant()
         self._times.append(at)
-        self._met.append(self._met[-1] + inflight + pending + 1)
+        self._met.append(self._met[-1] + inflight + 1)
         self._routed.append((at, inflight + 1, batch))
         self._batched += batch
         if self.life > 0.0:
@@ -60,23 +64,30 @@ class LoadForecast:
         if seconds > 0.0:
             self.life = seconds if self.life == 0.0 else self.life + LIFE_RATE * (seconds - self.life)
 
-    def load(self, at: float, inflight: int, pending: int) -> float:
+    def load(self, at: float, inflight: int) -> float:
         """Requests expected in flight over a life from `at`, the one being routed among them, with
-        `inflight` in flight now and `pending` more waiting to be routed."""
-        now = float(inflight + pending + 1)
+        `inflight` in flight now."""
+        now = float(inflight + 1)
         if self.life == 0.0:
             return now
         # The routings kept are those of the last quarter life as of the latest (`arrived` trims them).
         rise = max(inflight - self._routed[0][1] - self._batched, 0) if self._routed else 0
         return max(self._mean(at, self.life), now + rise * RISE_AHEAD / RISE_WINDOW)
 
-    def settled(self, at: float, inflight: int, pending: int) -> float:
+    def settled(self, at: float, inflight: int) -> float:
         """The mean load over the arrivals of the last `SETTLED_LIVES` lives, or what is there now if more:
         slow to fall, so a lull or an idle gap between bursts does not read as light traffic."""
-        now = float(inflight + pending + 1)
+        now = float(inflight + 1)
         if self.life == 0.0:
             return now
         return max(self._mean(at, SETTLED_LIVES * self.life), now)
+
+    def _instant(self) -> float:
+        """How close together two arrivals of one burst come: `INSTANT_SHARE` of the mean gap between the
+        arrivals kept, the gap no longer than a life over `MET_ARRIVALS` (a few arrivals after a quiet
+        spell say little of the rate); 0 (equal times only) before any request finished."""
+        per_life = max((len(self._times) - self._first) / _KEEP_LIVES, MET_ARRIVALS)
+        return INSTANT_SHARE * self.life / per_life
 
     def _mean(self, at: float, span: float) -> float:
         """The mean load met by the arrivals of the `span` seconds before `at`, or by the last `MET_ARRIVALS`

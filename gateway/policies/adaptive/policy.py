@@ -231,7 +231,7 @@ class AdaptivePolicy(Policy):
         chosen = snapshot.get(decision.decodes_on)
         self._last[chosen.group] = f"{decision.decodes_on}: {decision.label}"
         self.lane.routed(decision.tier)
-        self._forecast.arrived(snapshot.at, snapshot.total_inflight, snapshot.pending)
+        self._forecast.arrived(snapshot.at, snapshot.total_inflight)
         sizes = Counter(v.group for v in snapshot.backends)
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
@@ -605,7 +605,7 @@ class AdaptivePolicy(Policy):
         read_on, loads = self._loads
         if read_on is not snapshot:
             groups = len({v.group for v in snapshot.backends if v.available}) or 1
-            reading = (snapshot.at, snapshot.total_inflight, snapshot.pending)
+            reading = (snapshot.at, snapshot.total_inflight)
             loads = (self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups)
             self._loads = (snapshot, loads)
         return loads
