@@ -54,6 +54,7 @@ class FamilyCell:
 
     @classmethod
     def parse(cls, text: str) -> FamilyCell:
+        """Parse `MEMBER:WORKLOAD`; click.BadParameter if either is not the family's."""
         name, _, workload = text.partition(":")
         if workload not in WORKLOADS:
             raise click.BadParameter(f"{text!r}: a cell is MEMBER:WORKLOAD, the workload one of {', '.join(WORKLOADS)}")
