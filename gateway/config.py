@@ -112,6 +112,12 @@ class PolicyConfig(_Section):
         "prompt's prefix is answered its first token by the plain server and goes on on EAGLE (its text so far "
         "given back there, as a move's); needs adaptive_move_running",
     )
+    adaptive_drain: bool = Field(
+        default=True,
+        description="adaptive: once requests stop coming, a co-located group running plain decode moves its "
+        "streams to its EAGLE server when their longest has a long tail still to come and the faster decode "
+        "pays for their re-prefill (they come back with the next request); needs adaptive_move_running",
+    )
     adaptive_colocated: bool | None = Field(
         default=None,
         description="adaptive: both servers share GPUs (steps serialize); unset: the [launch] topology when launching",

@@ -30,13 +30,13 @@ from backends.sim.core import EngineCore
 from gateway.config import HealthConfig
 from gateway.errors import OpenAIError
 from gateway.dialects.openai import messages_text
-from gateway.policies import Completion, Decision, Policy, Progress, Prompt, Running, route
+from gateway.policies import Completion, Decision, DrainMark, Policy, Progress, Prompt, Running, route
 from gateway.pool.backends import Backend, DecodeWindow, Health, Pool, Slot
 from gateway.pool.engine_load import EngineLoad
 from gateway.pool.prefix import PrefixEstimate, PromptKey
 from gateway.tiers import DEFAULT, admit_tier, requested_tier
 from vnode.requests import Request
-from vnode.router import Refused
+from vnode.router import DrainLook, Refused
 
 
 @dataclass(frozen=True)
@@ -160,13 +160,29 @@ class GatewayRouter:
     def _moves(self, routed: str, decision: Decision) -> list[tuple[str, int]]:
         """What the exchange does after a group switch: ask the policy which running requests follow it
         (those streaming: not `routed`, the request just placed)."""
-        running = [  # as the exchange lists them: its slot's chunks and limit, the prompt admission estimated
+        keys = self.policy.moves(self.pool.snapshot(), decision, self._running(routed))
+        return [(rid, self._index[decision.decodes_on]) for rid in keys]
+
+    def _running(self, routed: str | None = None) -> list[Running]:
+        """The requests streaming as the exchange lists them (its slot's chunks and limit, the prompt admission
+        estimated), but `routed`."""
+        return [
             Running(rid, f.slot.backend.name, f.slot.chunks, f.slot.max_tokens, f.prompt.tokens if f.prompt else 0.0, f.prompt.cached if f.prompt else {}, f.given)
             for rid, f in self._flights.items()
             if rid != routed
         ]
-        keys = self.policy.moves(self.pool.snapshot(), decision, running)
-        return [(rid, self._index[decision.decodes_on]) for rid in keys]
+
+    def drain_look(self, now: float) -> DrainLook | None:
+        """The gateway's drain watch: the policy's mark, looked at when it says, while requests still stream."""
+        mark = self.policy.drain_mark(now) if self._flights else None
+        return DrainLook(now + mark.after, mark) if mark is not None else None
+
+    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
+        assert isinstance(look.mark, DrainMark)
+        if not self._flights:
+            return []
+        moves = self.policy.drain_moves(self.pool.snapshot(), look.mark, self._running())
+        return [(rid, self._index[to]) for rid, to in moves]
 
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
         """`request` goes on at server `to` with `produced` output tokens given back: its slot moves there."""

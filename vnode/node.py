@@ -22,7 +22,7 @@ from loadtest.records import RequestRecord, RequestSpec
 from vnode.events import ARRIVAL, EventQueue
 from vnode.gpu import Server
 from vnode.requests import Request
-from vnode.router import Refused, Router
+from vnode.router import DrainLook, Refused, Router
 
 OnDone = Callable[[RequestRecord], None]
 
@@ -145,10 +145,20 @@ class Node:
                 del flights[sim.rid]
                 self._engine_rids.pop(flight.request.rid, None)
                 router.finish(flight.request, now, flight.produced, self._cached(flight))
+                look = router.drain_look(now)
+                if look is not None:
+                    self.events.at(look.at, ARRIVAL, self._drain, look, look=True)
                 self.events.at(now + self.hop, ARRIVAL, flight.on_done, self._record(flight))
             elif flight.move_to is not None:
                 to, flight.move_to = flight.move_to, None
                 self._move(flight, to, now)
+
+    def _drain(self, look: DrainLook) -> None:
+        """The router's look after a response ended: the requests it moves leave at their next chunk."""
+        for rid, to in self.router.drain(look):
+            flight = self._flights.get(self._engine_rids.get(rid, rid))
+            if flight is not None:
+                flight.move_to = to
 
     @staticmethod
     def _cached(flight: _Flight) -> int:

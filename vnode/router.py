@@ -3,13 +3,16 @@
 A router is told of a request when it arrives (`route`: the index of the server it goes to, or
 `Refused`), of every chunk of tokens streamed back to it (`chunk`: a step that yields k tokens to
 a request is one chunk, as SGLang streams it; the first chunk carries the first token), and of its
-end (`finish`: its output tokens, None when the server refused it). It gets the whole request, so a
+end (`finish`: its output tokens, None when the server refused it). A router may move running
+requests to other servers after a routing (`take_moves`) and a while after a response ended
+(`drain_look`, `drain`). It gets the whole request, so a
 router may route on its prompt (a cache-aware router keys on `Request.prompt_ids`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from loadtest.envelope.balancer import LeastInFlight
@@ -50,6 +53,22 @@ class Router(Protocol):
         """`request` goes on at server `to` with `produced` output tokens given back."""
         ...
 
+    def drain_look(self, now: float) -> DrainLook | None:
+        """A response ended at `now` (after `finish`): when to call `drain`, if ever."""
+        ...
+
+    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
+        """At `look.at`: the running requests (by rid) that move, each with the index of its new server."""
+        ...
+
+
+@dataclass(frozen=True)
+class DrainLook:
+    """When a router looks at its running requests after a response ended, and what it noted then."""
+
+    at: float
+    mark: object
+
 
 class LeastInFlightRouter:
     """The data-parallel baselines' balancer: `loadtest.envelope.balancer.LeastInFlight` itself.
@@ -78,3 +97,9 @@ class LeastInFlightRouter:
 
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
         raise AssertionError("a balancer moves nothing")
+
+    def drain_look(self, now: float) -> DrainLook | None:
+        return None
+
+    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
+        return []

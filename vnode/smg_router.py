@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from backends.sim.core import EngineCore
 from vnode.requests import Request
+from vnode.router import DrainLook
 
 _TIE_SECONDS = 1e-6  # LeastLoad's TIE_EPSILON_SECS
 
@@ -195,6 +196,12 @@ class SmgCacheAwareRouter:
 
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
         raise AssertionError("SMG moves nothing")
+
+    def drain_look(self, now: float) -> DrainLook | None:
+        return None
+
+    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
+        return []
 
     def _poll(self, now: float) -> None:
         """Take the load reports due by `now` (SMG polls on a fixed period from its first)."""

@@ -133,6 +133,16 @@ class Running:
     given: int = 0
 
 
+@dataclass(frozen=True)
+class DrainMark:
+    """A response ended `at` (the pool's clock) when the gateway had made `decisions` routing decisions;
+    the policy asks to be shown the running requests `after` seconds later (`Policy.drain_moves`)."""
+
+    at: float
+    decisions: int
+    after: float
+
+
 class Policy(ABC):
     """Routing policy interface."""
 
@@ -169,6 +179,16 @@ class Policy(ABC):
     def moves(self, snapshot: PoolSnapshot, decision: Decision, running: Sequence[Running]) -> list[str]:
         """Right after `decision` was routed (`routed` called): the keys of the `running` requests to move
         to `decision.decodes_on`, each continued there from the output it has had. Static policies move none."""
+        return []
+
+    def drain_mark(self, at: float) -> DrainMark | None:
+        """A response ended at `at`: when to offer `drain_moves` the running requests (None: never; static
+        policies move none)."""
+        return None
+
+    def drain_moves(self, snapshot: PoolSnapshot, mark: DrainMark, running: Sequence[Running]) -> list[tuple[str, str]]:
+        """`mark.after` seconds after a response ended: the `running` requests to move, as (key, backend to
+        go on on), each continued there from the output it has had."""
         return []
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:  # noqa: B027 - static policies need no live view

@@ -46,6 +46,9 @@ class LaneClock(Protocol):
     def since_priority(self) -> int | None:
         """Decisions since the last priority one (0: it was the last); None: never one."""
 
+    def decisions(self) -> int:
+        """Decisions counted so far (every worker's, on the board)."""
+
 
 class TierLane:
     """Whether priority traffic is present: a priority request within the last `window` decisions."""

@@ -113,6 +113,9 @@ class Board(Protocol):
     def since_priority(self) -> int | None:
         """Decisions since the last priority one (0: it was the last); None: never one."""
 
+    def decisions(self) -> int:
+        """Routing decisions the whole gateway has made."""
+
     def admit_client(self, key: bytes, cap: int) -> Callable[[], None] | None:
         """Count one more open connection of client address `key` (16 bytes) unless the gateway holds
         `cap` of its connections already; what uncounts it, or None (refused)."""
@@ -152,6 +155,9 @@ class DecisionClock:
 
     def since_priority(self) -> int | None:
         return self._decisions - self._priority_at if self._priority_at else None
+
+    def decisions(self) -> int:
+        return self._decisions
 
 
 class LocalBoard(DecisionClock):
@@ -390,6 +396,9 @@ class LoadBoard:
         """Decisions the whole gateway made since its last priority one; None: never one."""
         last = max(self._cells[self._clock_at + _CLOCK * w + 1] for w in range(self.spec.workers))
         return int(self._decisions() - last) if last else None
+
+    def decisions(self) -> int:
+        return int(self._decisions())
 
     def _decisions(self) -> float:
         return sum(self._cells[self._clock_at + _CLOCK * w] for w in range(self.spec.workers))

@@ -86,8 +86,8 @@ class Movable(Protocol):
         """It as the policy sees a running request (named `key`); None while it cannot move."""
         ...
 
-    def move(self, target: str) -> None:
-        """Continue it on backend `target`."""
+    def move(self, target: str, reason: str = "switch") -> None:
+        """Continue it on backend `target` (`reason`: why, as its count is labelled)."""
         ...
 
 

@@ -35,6 +35,7 @@ from gateway.pool.backends import Backend, Slot
 from gateway.proxy.admission import admit, continue_on, fail_over, resume_on
 from gateway.proxy.cancel import ExchangeCancel
 from gateway.proxy.continuation import continuation
+from gateway.proxy.drain import response_ended
 from gateway.proxy.job import ProxyJob
 from gateway.proxy.rate_limits import quota_headers
 from gateway.relay import Handoff, StreamResult
@@ -183,6 +184,7 @@ class ProxyResponse(Response):
             name = UNROUTED
             if self._slot is not None:
                 self._slot.release()
+                response_ended(rt)
                 name = self._slot.backend.name
                 rt.metrics.duration.labels(name).observe(time.monotonic() - job.arrived_at)
             rt.metrics.requests.labels(name, job.endpoint, self._status).inc()
@@ -509,11 +511,14 @@ class ProxyResponse(Response):
 
     def _move_reason(self, result: StreamResult, target: str) -> str:
         """Why a stream goes on on `target` (the label of its count): its decision's handover after the first
-        token, a move the policy made ("switch"), or its backend dropped it ("resume")."""
+        token, a move the policy made ("switch" after a routing, "drain" while none came), or its backend
+        dropped it ("resume")."""
         if not result.handed_off:
             return "resume"
         decision = self._job.decision
-        return "handover" if self._moved_from is None and decision is not None and decision.then == target else "switch"
+        if self._moved_from is None and decision is not None and decision.then == target:
+            return "handover"
+        return self._handoff.reason if self._handoff is not None else "switch"
 
     async def _goes_on(self, result: StreamResult) -> str | None:
         """The backend a stream that had token events goes on on: the one it was handed off to, else,
@@ -542,10 +547,11 @@ class ProxyResponse(Response):
             return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, 0.0, given=self._given)
         return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, prompt.tokens, prompt.cached, self._given)
 
-    def move(self, target: str) -> None:
-        """End the stream on its backend after its next token event and continue it on `target`."""
+    def move(self, target: str, reason: str = "switch") -> None:
+        """End the stream on its backend after its next token event and continue it on `target` (`reason`:
+        "switch" or "drain", which labels its count)."""
         if self._handoff is not None:
-            self._handoff.request(target)
+            self._handoff.request(target, reason)
 
     async def _continue(
         self, target: str, text: str | None, reason: str

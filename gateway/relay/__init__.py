@@ -40,14 +40,15 @@ class Handoff:
     """A request that a stream end between two events, for another backend to continue it: made by
     whoever moves the request (`request`), read by the relay after each token event it relays."""
 
-    __slots__ = ("target", "poke")
+    __slots__ = ("target", "reason", "poke")
 
     def __init__(self) -> None:
         self.target: str | None = None  # the backend that continues it, once requested
+        self.reason = "switch"  # why, as the move's count is labelled
         self.poke: Callable[[], None] | None = None  # the relay's: read no more reads past Python
 
-    def request(self, target: str) -> None:
-        """End the stream after its next token event; `target` continues it."""
-        self.target = target
+    def request(self, target: str, reason: str = "switch") -> None:
+        """End the stream after its next token event; `target` continues it (`reason`: why)."""
+        self.target, self.reason = target, reason
         if self.poke is not None:
             self.poke()

@@ -33,7 +33,7 @@ from gateway.config import Settings
 from gateway.edge.http_protocol import GatewayHttpProtocol
 from gateway.http_server import connection_limits
 from gateway.metrics import GatewayMetrics
-from gateway.policies import Completion, Decision, Running
+from gateway.policies import Completion, Decision, DrainMark, Running
 from gateway.policies.static import ThresholdPolicy
 from gateway.pool.backends import Health
 from gateway.policies import Policy, Prompt
@@ -86,6 +86,26 @@ class HandingOverPolicy(ThresholdPolicy):
 
     def observe(self, completion: Completion) -> None:
         self.learned.append(completion)
+
+
+class DrainingPolicy(ThresholdPolicy):
+    """Every request goes to plain; once a response ends, every stream still on plain goes on on EAGLE."""
+
+    move_running = True
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.marks: list[DrainMark] = []
+
+    def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
+        return Decision("plain", "test_drain", tier)
+
+    def drain_mark(self, at: float) -> DrainMark | None:
+        return DrainMark(at, 0, 0.001)
+
+    def drain_moves(self, snapshot: PoolSnapshot, mark: DrainMark, running: Sequence[Running]) -> list[tuple[str, str]]:
+        self.marks.append(mark)
+        return [(r.key, "eagle") for r in running if r.backend == "plain"]
 
 
 @pytest.fixture(scope="module")
@@ -317,4 +337,22 @@ async def test_a_handover_nobody_can_take_goes_on_where_it_started(sims: tuple[s
         rt.pool["eagle"].health = Health.DOWN
         again, _, _ = await chat(client, model)
         assert again == reference and moves(rt, "plain", "plain", "handover") == 1
+        assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}
+
+
+async def test_a_stream_left_running_when_another_ends_goes_on_where_the_policy_drains_it(sims: tuple[str, str]) -> None:
+    policy = DrainingPolicy()
+    async with gateway(*sims, policy=policy) as (rt, client):
+        model = served_model(sims)
+        reference, reference_usage, _ = await chat(client, model, route="plain")  # forced: never moved
+        assert policy.marks == []  # no stream was running when it ended: no look
+        answer = asyncio.ensure_future(chat(client, model))
+        await until(lambda: streaming_on(rt, "plain", 5), "the answer streams on plain")
+        await chat(client, model, max_tokens=4)  # ends while the answer streams: the policy's look moves it
+        text, usage, chunks = await answer
+        assert moves(rt, "plain", "eagle", "drain") == 1 and moves(rt, "plain", "eagle") == 0
+        assert len(policy.marks) == 1
+        assert text == reference
+        assert (usage.prompt_tokens, usage.completion_tokens) == (reference_usage.prompt_tokens, reference_usage.completion_tokens)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
         assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}

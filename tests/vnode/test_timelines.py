@@ -11,7 +11,7 @@ from loadtest.stats import request_tpot
 from vnode.events import ARRIVAL, EventQueue
 from vnode.node import Node
 from vnode.requests import Request
-from vnode.router import LeastInFlightRouter
+from vnode.router import DrainLook, LeastInFlightRouter
 from vnode.targets import TargetSpec
 
 from .conftest import colocated, node_of, replicas
@@ -57,14 +57,21 @@ def test_on_an_eagle_server_the_first_token_needs_the_prefill_and_one_target_ste
 
 class Fixed:
     """Sends the n-th request to server `order[n]`; the n-th routing moves the requests `moves[n]` names
-    (rids) to that same server."""
+    (rids) to that same server; `look` seconds after the n-th response ended, those `drains[n]` names
+    move to the server named with them."""
 
-    def __init__(self, order: list[int], moves: dict[int, list[str]] | None = None) -> None:
+    def __init__(
+        self, order: list[int], moves: dict[int, list[str]] | None = None, drains: dict[int, list[tuple[str, int]]] | None = None,
+        look: float = 0.0,
+    ) -> None:
         self.order = iter(order)
         self.moves = moves or {}
-        self.routed = 0
+        self.drains = drains or {}
+        self.look = look
+        self.routed = self.finished = 0
         self.last = -1
         self.moved_to: list[tuple[str, int, int]] = []
+        self.looked: list[float] = []
 
     def route(self, request: Request, now: float) -> int:
         self.last = next(self.order)
@@ -75,13 +82,21 @@ class Fixed:
         pass
 
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
-        pass
+        self.finished += 1
 
     def take_moves(self) -> list[tuple[str, int]]:
         return [(rid, self.last) for rid in self.moves.get(self.routed - 1, [])]
 
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
         self.moved_to.append((request.rid, to, produced))
+
+    def drain_look(self, now: float) -> DrainLook | None:
+        return DrainLook(now + self.look, self.finished - 1) if self.look else None
+
+    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
+        self.looked.append(look.at)
+        assert isinstance(look.mark, int)
+        return self.drains.get(look.mark, [])
 
 
 def test_two_colocated_servers_take_turns_on_their_gpu(round_profile: Path) -> None:
@@ -119,6 +134,20 @@ def test_a_moved_request_goes_on_where_it_left_off_on_its_new_server(round_profi
     assert record.answer == before.answer
     # From the move on, plain decode: a token a chunk (its EAGLE chunks carried up to 4).
     assert [len(t.split()) for t in record.chunk_texts][-(13 - produced):] == [1] * (13 - produced)
+
+
+def test_a_look_after_a_response_ended_moves_a_request_and_never_keeps_time_going(round_profile: Path) -> None:
+    # Both requests on plain; 1 ms after the short one ends the router moves the long one to EAGLE.
+    router = Fixed([1, 1], drains={0: [("vnode-0", 0)]}, look=1 * MS)
+    node = node_of(colocated(round_profile), router)
+    long, short = send(node, RequestSpec(WORDS, 20, output_len=13)), send(node, RequestSpec(WORDS, 20, output_len=2))
+    node.events.run()
+    (rid, to, produced), = router.moved_to
+    assert (rid, to) == ("vnode-0", 0) and 2 <= produced < 13
+    assert long[0].completion_tokens == 13 and short[0].completion_tokens == 2
+    assert max(len(t.split()) for t in long[0].chunk_texts[produced:]) > 1  # from the move on, EAGLE's chunks
+    # The look after the long one's own end, past the last chunk, never ran: time stopped at that chunk.
+    assert router.looked == [pytest.approx(short[0].end + 1 * MS)] and node.events.now == long[0].end
 
 
 def test_a_shared_prefix_shortens_the_second_prefill_by_exactly_the_cached_tokens(round_profile: Path) -> None:

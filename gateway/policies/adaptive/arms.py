@@ -195,3 +195,8 @@ class KindCurves:
             self._key, self._version, self._lines = key, version, kind_lines(available, outlooks)
             self.generation += 1
         return self._lines
+
+    @property
+    def lines(self) -> dict[bool, KindLine]:
+        """The lines `of` last gave (none before its first call)."""
+        return self._lines

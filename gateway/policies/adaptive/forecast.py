@@ -18,6 +18,7 @@ token; before the first, only what is there now is known.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 
 LIFE_RATE = 0.1  # weight of each finished request in the mean life
@@ -81,6 +82,15 @@ class LoadForecast:
         if self.life == 0.0:
             return now
         return max(self._mean(at, SETTLED_LIVES * self.life), now)
+
+    def quiet(self, at: float) -> float:
+        """How long it has been at `at` since the latest arrival, in mean gaps between the last
+        `MET_ARRIVALS` arrivals (infinite after arrivals of one instant); 0 before that many."""
+        times = self._times
+        if len(times) - self._first <= MET_ARRIVALS:
+            return 0.0
+        gap = (times[-1] - times[-1 - MET_ARRIVALS]) / MET_ARRIVALS
+        return (at - times[-1]) / gap if gap > 0.0 else math.inf
 
     def _instant(self) -> float:
         """How close together two arrivals of one burst come: `INSTANT_SHARE` of the mean gap between the

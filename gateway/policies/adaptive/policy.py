@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.config import PolicyConfig
-from gateway.policies import Completion, Decision, Policy, Progress, Prompt, Running
+from gateway.policies import Completion, Decision, DrainMark, Policy, Progress, Prompt, Running
 from gateway.policies.adaptive.arms import (
     PROBE_AGREEMENT,
     Arm,
@@ -38,11 +38,14 @@ from gateway.policies.adaptive.arms import (
 from gateway.policies.adaptive.fit import Curve, EstimatorConfig, TpotEstimator
 from gateway.policies.adaptive.forecast import LoadForecast
 from gateway.policies.adaptive.rules import (
+    DRAIN_QUIET,
+    DRAIN_TAIL,
     GROUP_SWITCH,
     BackendState,
     PromptCost,
     GroupState,
     Stray,
+    drain,
     first_token_server,
     flex_choice,
     lane_view,
@@ -91,6 +94,9 @@ REUSE_HORIZON = 4.0
 # A response teaches the prefill cost only when it had at least this many prompt tokens to prefill:
 # shorter, its time to first token is mostly the step it joined, not its prompt.
 PREFILL_MIN_TOKENS = 256
+# A response's end is followed by a look for a drain (rule 9) this share of a mean life later: a closed
+# loop's client sends its next request by then, so its completions do not read as its traffic stopping.
+DRAIN_WAIT = 1.0 / 32.0
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
 _NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable", "adaptive_prefix_beside", "adaptive_kv_fit")
@@ -115,6 +121,7 @@ class AdaptivePolicy(Policy):
         tiers: TierSettings | None = None,
         move_running: bool = True,
         handover: bool = True,
+        drain: bool = True,
     ) -> None:
         """`eagle_cap`: most requests each EAGLE backend gets at once; `slo_tpot`: target seconds per
         token (None: off); `probe_every`: decisions without traffic after which a backend of an
@@ -122,7 +129,8 @@ class AdaptivePolicy(Policy):
         another backend's requests is never learned from); with it off, the snapshot's groups say
         which backends share GPUs; `tiers`: the lane priority traffic keeps; `move_running`: a group's
         switch moves its strays (`moves`); `handover`: a stream whose prefix the plain server of its
-        group holds is answered its first token there and decoded on EAGLE (`rules.first_token_server`)."""
+        group holds is answered its first token there and decoded on EAGLE (`rules.first_token_server`);
+        `drain`: a group whose requests stopped coming moves its long plain answers to EAGLE (`drain_moves`)."""
         if eagle_cap < 1:
             raise ValueError(f"eagle cap must be at least 1, got {eagle_cap}")
         if probe_every < 1:
@@ -135,6 +143,7 @@ class AdaptivePolicy(Policy):
         self.colocated = colocated
         self.move_running = move_running
         self.handover = handover
+        self.drain = drain
         self.estimator = estimator or EstimatorConfig()
         self._arms: dict[str, Arm] = {}
         self._forecast = LoadForecast()  # the load over the next request life
@@ -150,6 +159,7 @@ class AdaptivePolicy(Policy):
         self._hit_share = 0.0  # mean share of a prompt its backend had cached
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
+        self._drained: set[str] = set()  # plain servers whose group's streams went to EAGLE in a drain (rule 9)
         self._live: Callable[[], PoolSnapshot] | None = None
         self.lane = TierLane(tiers)
 
@@ -166,6 +176,7 @@ class AdaptivePolicy(Policy):
             tiers=tiers,
             move_running=config.adaptive_move_running,
             handover=config.adaptive_handover,
+            drain=config.adaptive_drain,
         )
 
     def attach(self, snapshot: Callable[[], PoolSnapshot]) -> None:
@@ -235,6 +246,8 @@ class AdaptivePolicy(Policy):
         sizes = Counter(v.group for v in snapshot.backends)
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
+            if chosen.speculative:  # the drained streams are where the group's new requests go
+                self._drained.difference_update(v.name for v in snapshot.backends if v.group == chosen.group)
         steps = Counter[str]()  # decode steps reported per group
         for view in snapshot.backends:
             steps[view.group] += view.decode_moments[0] if view.decode_moments is not None else 0.0
@@ -252,20 +265,25 @@ class AdaptivePolicy(Policy):
                 arm.since_routed += 1
 
     def may_move(self, decision: Decision) -> bool:
-        return self.move_running and decision.reason == GROUP_SWITCH
+        return self.move_running and (decision.reason == GROUP_SWITCH or decision.decodes_on in self._drained)
 
     def moves(self, snapshot: PoolSnapshot, decision: Decision, running: Sequence[Running]) -> list[str]:
         """After a decision that switched a co-located group's mode (`adaptive_group_switch`), its requests
         still decoding in the old mode that move to the new one: those whose remaining output, decoded
         that much faster, pays for their re-prefill there (`rules.moves`). A request's output so far is
         its chunks times its backend's tau; what remains, its limit less that (no limit: the mean output);
-        its re-prefill, the prompt's part the target does not hold, the output earlier backends gave it and its own."""
+        its re-prefill, the prompt's part the target does not hold, the output earlier backends gave it and its own.
+        After a decision that sends a request to a plain server whose group's streams a drain moved to
+        EAGLE (rule 9), every one of them comes back: the group's mode is plain again."""
         if not self.may_move(decision):
             return []
         target = snapshot.get(decision.decodes_on)
         available = [v for v in snapshot.backends if v.available]
         members = [v for v in available if v.group == target.group]
         strays = [r for r in running if r.backend != target.name and any(v.name == r.backend for v in members)]
+        if target.name in self._drained and decision.reason != GROUP_SWITCH:
+            self._drained.discard(target.name)
+            return [r.key for r in strays]
         if len(members) < 2 or not strays:
             return []
         outlooks = {v.name: self._outlook(v) for v in available}
@@ -273,14 +291,52 @@ class AdaptivePolicy(Policy):
         if len(kinds) < 2:
             return []
         states = [self._state(v, outlooks[v.name], kinds) for v in members]
+        return stray_moves(states, target.speculative, self._priced(states, strays, target.name), self._prefill.get(target.speculative, 0.0))
+
+    def drain_mark(self, at: float) -> DrainMark | None:
+        """Rule 9's look `DRAIN_WAIT` of a mean life after a response ends, once a life is known."""
+        if not (self.drain and self.move_running) or self._forecast.life <= 0.0:
+            return None
+        return DrainMark(at, self.lane.clock.decisions(), DRAIN_WAIT * self._forecast.life)
+
+    def drain_moves(self, snapshot: PoolSnapshot, mark: DrainMark, running: Sequence[Running]) -> list[tuple[str, str]]:
+        """Rule 9: when no request has been routed since the response of `mark` ended, nor for `DRAIN_QUIET`
+        mean gaps between the latest arrivals, each co-located group whose mode is plain moves its plain
+        streams to its EAGLE server, all or none (`rules.drain`: a long tail still to come, paid for, held
+        by EAGLE's KV room). The pooled lines are those the last decision used (looking changes no belief)."""
+        if self.lane.clock.decisions() != mark.decisions or self._forecast.quiet(snapshot.at) < DRAIN_QUIET:
+            return []
+        available = [v for v in snapshot.backends if v.available]
+        tail = DRAIN_TAIL * self._mean_output
+        out: list[tuple[str, str]] = []
+        for group in dict.fromkeys(v.group for v in available):
+            members = [v for v in available if v.group == group]
+            eagle = [v for v in members if v.speculative]
+            plain = [v for v in members if not v.speculative]
+            if len(members) != 2 or len(eagle) != 1 or self._modes.get(group) is not False:
+                continue
+            strays = [r for r in running if r.backend == plain[0].name]
+            longest = max(((r.max_tokens if r.max_tokens is not None else self._mean_output) - r.chunks for r in strays), default=0.0)
+            if longest < tail or len(self._kinds.lines) < 2:  # plain streams: a chunk is a token
+                continue
+            states = [self._state(v, self._outlook(v), self._kinds.lines) for v in members]
+            priced = self._priced(states, strays, eagle[0].name)
+            keys = drain(states, priced, self._prefill.get(True, 0.0), tail, eagle[0].kv_tokens)
+            if keys:
+                self._drained.add(plain[0].name)
+                out.extend((key, eagle[0].name) for key in keys)
+        return out
+
+    def _priced(self, states: list[BackendState], strays: Sequence[Running], target: str) -> list[Stray]:
+        """`strays` as the move rules price them towards `target`: output to come and tokens to re-prefill."""
         taus = {s.name: s.tau for s in states}
         priced = []
         for r in strays:
             produced = r.chunks * taus[r.backend]
             remaining = (r.max_tokens if r.max_tokens is not None else self._mean_output) - produced
-            uncached = max(r.prompt_tokens - r.cached.get(target.name, 0.0), 0.0)
+            uncached = max(r.prompt_tokens - r.cached.get(target, 0.0), 0.0)
             priced.append(Stray(r.key, r.backend, max(remaining, 0.0), uncached + r.given + produced))
-        return stray_moves(states, target.speculative, priced, self._prefill.get(target.speculative, 0.0))
+        return priced
 
     def paced(self, progress: Progress) -> None:
         """A stretch of a stream is a point of its backend's curve once the backend's tokens per chunk
@@ -374,6 +430,7 @@ class AdaptivePolicy(Policy):
             "colocated": self.colocated,
             "move_running": self.move_running,
             "handover": self.handover,
+            "drain": self.drain,
             "half_life": self.estimator.half_life,
             "beliefs": self.beliefs(),
         }

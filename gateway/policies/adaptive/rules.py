@@ -35,6 +35,14 @@ EAGLE_REACH = 1.25
 
 # The reason of a decision that turned a co-located group to the other mode (its strays may follow: `moves`).
 GROUP_SWITCH = "adaptive_group_switch"
+# A group whose arrivals stopped moves its plain streams to speculation (`drain`) once no request has come
+# for this many mean gaps between the latest arrivals, ...
+DRAIN_QUIET = 4.0
+# ... when the longest has this many mean responses' output still to come (a long tail, not a lull's
+# ordinary answer), and their decode saved pays this many times their re-prefill (there and, should
+# requests come again, back).
+DRAIN_TAIL = 2.0
+DRAIN_PRICE = 2.0
 # A request going to an EAGLE server is answered its first token by the plain server of its group when
 # that one would prefill at most this share of what the EAGLE server would (it holds more of the prefix).
 HANDOVER_PREFILL_SHARE = 1.0 / 3.0
@@ -399,6 +407,22 @@ def moves(members: Sequence[BackendState], mode: bool, strays: Sequence[Stray], 
         chosen.append(stray.key)
         joined += 1
     return chosen
+
+
+def drain(members: Sequence[BackendState], strays: Sequence[Stray], prefill: float, tail: float, room: float) -> list[str]:
+    """Which plain streams of a co-located group move to its EAGLE server while no request arrives: all of
+    them or none (a group that kept some on plain would run both servers' steps every round).
+
+    They go when the longest has at least `tail` output tokens still to come, each one's saved decode
+    pays `DRAIN_PRICE` times its re-prefill (`moves`' price, `prefill` seconds a token), and their
+    prompts and whole outputs fit the EAGLE server's `room` KV tokens (0: not known).
+    """
+    if not strays or max(s.remaining for s in strays) < tail:
+        return []
+    if room and sum(s.reprefill + s.remaining for s in strays) > room:
+        return []
+    chosen = moves(members, True, strays, DRAIN_PRICE * prefill)
+    return chosen if len(chosen) == len(strays) else []
 
 
 def first_token_server(chosen: BackendState, members: Sequence[BackendState], uncached: Mapping[str, float]) -> str | None:
