@@ -3,9 +3,10 @@ backend goes on with it (its text so far given back), one answer for the client.
 
 Driven with the real `openai` client through the gateway's HTTP server against two simulated servers
 (a greedy model: an answer continued elsewhere goes on exactly as it would have); the routing policy
-is a threshold one that moves every running stream to plain once a second request arrives, or one
-that hands every request over to EAGLE after its first token, so what is tested is the exchange's
-move, not when the adaptive policy asks for one (test_stray_moves.py, test_handover.py). Waits poll
+is a threshold one that moves every running stream to plain once a second request arrives, one
+that hands every request over to EAGLE after its first token, or one that drains the plain streams
+to EAGLE when a response ends, so what is tested is the exchange's move, not when the adaptive
+policy asks for one (test_stray_moves.py, test_handover.py, test_drain.py). Waits poll
 a condition with a deadline.
 """
 
@@ -50,19 +51,25 @@ LIMIT = 60  # output tokens the moved answers ask for
 SOON = 10.0
 
 
-class MovingPolicy(ThresholdPolicy):
-    """A lone request goes to EAGLE; the next goes to plain and takes every running stream with it. It
-    keeps what it learns."""
+class ScriptedPolicy(ThresholdPolicy):
+    """A threshold policy whose streams may move, as each subclass scripts it; it keeps what it learns."""
 
     move_running = True
 
     def __init__(self) -> None:
         super().__init__(1)
-        self.asked: list[list[Running]] = []
         self.learned: list[Completion] = []
 
     def observe(self, completion: Completion) -> None:
         self.learned.append(completion)
+
+
+class MovingPolicy(ScriptedPolicy):
+    """A lone request goes to EAGLE; the next goes to plain and takes every running stream with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[Running]] = []
 
     def may_move(self, decision: Decision) -> bool:
         return decision.backend == "plain"
@@ -72,29 +79,18 @@ class MovingPolicy(ThresholdPolicy):
         return [r.key for r in running if r.backend != decision.backend]
 
 
-class HandingOverPolicy(ThresholdPolicy):
-    """Every request starts on plain, to be handed over to EAGLE after its first token; it keeps what it learns."""
-
-    move_running = True
-
-    def __init__(self) -> None:
-        super().__init__(1)
-        self.learned: list[Completion] = []
+class HandingOverPolicy(ScriptedPolicy):
+    """Every request starts on plain, to be handed over to EAGLE after its first token."""
 
     def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
         return Decision("plain", "test_handover", tier, then="eagle")
 
-    def observe(self, completion: Completion) -> None:
-        self.learned.append(completion)
 
-
-class DrainingPolicy(ThresholdPolicy):
+class DrainingPolicy(ScriptedPolicy):
     """Every request goes to plain; once a response ends, every stream still on plain goes on on EAGLE."""
 
-    move_running = True
-
     def __init__(self) -> None:
-        super().__init__(1)
+        super().__init__()
         self.marks: list[DrainMark] = []
 
     def choose(self, snapshot: PoolSnapshot, tier: Tier = DEFAULT, prompt: Prompt | None = None) -> Decision:
