@@ -3,9 +3,10 @@
 Per request, what `gateway/proxy/admission.py` and `exchange.py` do: the in-flight limit and the
 service tier's admission, the prompt's prefix matched in the pool's prefix map, then
 `route(policy, pool.snapshot(), tier=..., prompt=..., handover=True)` (every request here is a
-stream that can go on elsewhere), `Pool.acquire` (with the request's `max_tokens`), the prefix
-inserted for the chosen backend, and `policy.routed`; a decision's handover (`Decision.then`) moves
-the request at its first token, as the exchange's handoff does; `Slot.mark_token` per token-bearing
+stream that can go on elsewhere), `Pool.acquire` (with the request's `max_tokens` and the prompt
+tokens it is predicted to prefill there), the prefix inserted for the chosen backend, and
+`policy.routed`; a decision's handover (`Decision.then`) moves the request at its first token, as
+the exchange's handoff does; `Slot.mark_token` per token-bearing
 chunk, each stretch of progress it reports learned at once; at the end the usage (`Pool.record_output`) and, for a
 stream of at least two tokens, the `Completion` the relay builds from the slot's decode window,
 learned then (one worker: the board's ring replays each record to the policy as it is recorded); the
@@ -141,7 +142,7 @@ class GatewayRouter:
         decision = route(self.policy, snapshot, None, tier, prompt, handover=True)
         if decision is None:
             raise Refused(503, "no backend is ready to serve")
-        slot = pool.acquire(decision.backend, request.max_tokens)
+        slot = pool.acquire(decision.backend, request.max_tokens, prompt_tokens=prompt.uncached(decision.backend) if prompt else 0.0)
         if key is not None:
             pool.board.prefix.insert(key.keys, slot.backend.index, now)
         slot.on_progress = self._progress

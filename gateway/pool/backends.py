@@ -22,7 +22,7 @@ from collections.abc import Callable
 import orjson
 from dataclasses import dataclass, field
 
-from gateway.pool.board import AREA, CACHED, CHUNKS, EXPECTED, INFLIGHT, PREDICTED, PROMPT, SERVED, SINCE, Board, LocalBoard
+from gateway.pool.board import AREA, CACHED, CHUNKS, EXPECTED, HELD, INFLIGHT, PREDICTED, PROMPT, SERVED, SINCE, Board, LocalBoard
 from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_load
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 from gateway.pool.tenant_limits import Lease
@@ -77,6 +77,7 @@ class Backend:
     # Sums over the in-flight requests (see BackendView), kept in O(1) by their slots.
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
+    held_prompt_tokens: float = 0.0
     mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
     # Prompt tokens of its finished responses: sent, reported cached, predicted cached by the prefix map.
     prompt_tokens: int = 0
@@ -105,21 +106,24 @@ class Backend:
     def served_total(self) -> int:
         return int(self.board.total(self.index, SERVED))
 
-    def _add(self, expected: float = 0.0, chunks: int = 0) -> None:
+    def _add(self, expected: float = 0.0, chunks: int = 0, prompt: float = 0.0) -> None:
         self.expected_tokens += expected
         self.relayed_chunks += chunks
+        self.held_prompt_tokens += prompt
         self.board.write(self.index, EXPECTED, self.expected_tokens)
         self.board.write(self.index, CHUNKS, self.relayed_chunks)
+        self.board.write(self.index, HELD, self.held_prompt_tokens)
 
     def _view(self) -> BackendView:
         board, i = self.board, self.index
         inflight, expected, chunks = int(board.total(i, INFLIGHT)), board.total(i, EXPECTED), int(board.total(i, CHUNKS))
+        held = board.total(i, HELD)
         load = self.engine_load
         if load is None:
-            return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks)
+            return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks, held_prompt_tokens=held)
         return BackendView(
             self.name, self.speculative, self.available, inflight, self.group, expected, chunks,
-            load.kv_tokens, load.kv_rank_tokens, load.prefill_tokens, load.prefill_busy_us, load.decode_moments,
+            load.kv_tokens, load.kv_rank_tokens, load.prefill_tokens, load.prefill_busy_us, load.decode_moments, held,
         )
 
     @property
@@ -151,20 +155,23 @@ class Slot:
     `mark_token` stamps each chunk carrying generated tokens, so `decode_window` can tell the
     request's mean load, and counts it towards its backend's relayed chunks. A slot of `weight` w
     (a batched native request: w sequences upstream) counts w in flight and w times the expected output.
+    It counts the prompt tokens it was routed to prefill (`prompt_tokens` a sequence) on whichever backend
+    it holds, so a backend's view tells the KV room its in-flight requests take.
     """
 
     __slots__ = (
         "backend", "weight", "lease", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected",
-        "_chunks", "_mark", "on_progress",
+        "_prompt", "_chunks", "_mark", "on_progress",
     )
 
-    def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1) -> None:
+    def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1, prompt_tokens: float = 0.0) -> None:
         self._pool = pool
         self.backend = backend
         self.weight = weight
         self.lease: Lease | None = None  # its tenant's hold on its limits, given back with the slot
         self._released = False
         self._max_tokens = max_tokens
+        self._prompt = prompt_tokens * weight
         self._chunks = 0
         self._expected = self._expect(backend)
         self.acquired_at = pool.clock()
@@ -196,15 +203,16 @@ class Slot:
             return
         self._released = True
         self._pool._release(self.backend, self.weight)
-        self.backend._add(-self._expected, -self._chunks)
+        self.backend._add(-self._expected, -self._chunks, -self._prompt)
         if self.lease is not None:
             self.lease.release()
 
     def _expect(self, backend: Backend) -> float:
-        """Count this request's expected output on `backend`: its max_tokens, else the backend's mean length."""
+        """Count this request on `backend`: its expected output (its max_tokens, else the backend's mean
+        length), returned, and its prompt tokens."""
         per_sequence = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
         expected = per_sequence * self.weight
-        backend._add(expected)
+        backend._add(expected, prompt=self._prompt)
         return expected
 
     def move_to(self, name: str) -> None:
@@ -214,7 +222,7 @@ class Slot:
         if self._first is not None:
             raise RuntimeError("a slot cannot move once its response has started")
         self._pool._release(self.backend, self.weight)
-        self.backend._add(-self._expected)
+        self.backend._add(-self._expected, prompt=-self._prompt)
         self.backend = self._pool._take(name, self.weight)
         self._expected = self._expect(self.backend)
 
@@ -225,7 +233,7 @@ class Slot:
         if self._released:
             raise RuntimeError("a released slot cannot move")
         self._pool._release(self.backend, self.weight)
-        self.backend._add(-self._expected, -self._chunks)
+        self.backend._add(-self._expected, -self._chunks, -self._prompt)
         self.backend = self._pool._take(name, self.weight)
         self._max_tokens = max_tokens
         self._expected = self._expect(self.backend)
@@ -391,10 +399,11 @@ class Pool:
         now = self.clock()
         return PoolSnapshot(tuple(b._view() for b in self._backends.values()), now)
 
-    def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1) -> Slot:
+    def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1, prompt_tokens: float = 0.0) -> Slot:
         """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per
-        sequence), if any; `weight`: the sequences it runs upstream (1 but for batched native requests)."""
-        return Slot(self, self._take(name, weight), max_tokens, weight)
+        sequence), if any; `weight`: the sequences it runs upstream (1 but for batched native requests);
+        `prompt_tokens`: those of its prompt `name` is predicted to prefill (per sequence)."""
+        return Slot(self, self._take(name, weight), max_tokens, weight, prompt_tokens)
 
     def record_output(self, name: str, tokens: int) -> None:
         """A response of `tokens` output tokens finished on `name`: update its mean length (EWMA)."""

@@ -33,9 +33,10 @@ from typing import Protocol
 from gateway.pool.prefix import PrefixTable
 
 # Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served,
-# and the prompt tokens it was sent, it reported cached, and the prefix map predicted it held.
-INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED, PROMPT, CACHED, PREDICTED = range(9)
-_FIELDS = 9
+# the prompt tokens it was sent, it reported cached, and the prefix map predicted it held, and the prompt
+# tokens its in-flight requests were sent to prefill.
+INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED, PROMPT, CACHED, PREDICTED, HELD = range(10)
+_FIELDS = 10
 # Per worker: routing decisions made, and the gateway's decision count at its last priority one (0: none).
 _CLOCK = 2
 # Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
@@ -352,7 +353,7 @@ class LoadBoard:
             c = self._cells
             c[row + AREA] = c[row + AREA] + c[row + INFLIGHT] * (now - c[row + SINCE])
             c[row + SINCE] = now
-            for field in (INFLIGHT, EXPECTED, CHUNKS):
+            for field in (INFLIGHT, EXPECTED, CHUNKS, HELD):
                 c[row + field] = 0.0
         with self._clients:  # its connections died with it
             row = self._client_rows_at + worker * _CLIENT_SLOTS

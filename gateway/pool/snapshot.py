@@ -28,6 +28,9 @@ class BackendView:
     prefill_busy_us: int = 0
     # ... and its decode step-time moment sums (`EngineLoad.decode_moments`); None: not known.
     decode_moments: tuple[float, ...] | None = None
+    # Over its in-flight requests: the prompt tokens they were sent to prefill there (what the gateway's
+    # prefix map predicted its cache lacked). With their expected output, the KV room they hold.
+    held_prompt_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.group:

@@ -7,6 +7,8 @@ out by hand. The group rule itself is gateway/policies/adaptive/rules.py (test_g
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.policies import Completion, Decision, Prompt, route
@@ -229,6 +231,24 @@ def test_the_pool_keeps_expected_tokens_and_relayed_chunks_in_o1() -> None:
     assert all(v.expected_tokens == 0.0 and v.relayed_chunks == 0 and v.inflight == 0 for v in after.backends)
 
 
+def test_the_pool_counts_the_prompt_tokens_its_in_flight_requests_hold_where_they_are() -> None:
+    pool = Pool([Backend("g0-eagle", "http://e", True, group="g0"), Backend("g0-plain", "http://p", False, group="g0")])
+
+    def held() -> dict[str, float]:
+        return {v.name: v.held_prompt_tokens for v in pool.snapshot().backends}
+
+    a = pool.acquire("g0-eagle", max_tokens=100, prompt_tokens=30_000.0)
+    b = pool.acquire("g0-eagle", prompt_tokens=500.0, weight=2)  # a batch of two sequences
+    assert held() == {"g0-eagle": 31_000.0, "g0-plain": 0.0}
+    b.move_to("g0-plain")  # failover before any byte
+    a.mark_token(0.0)
+    a.continue_on("g0-plain", 90)  # a stream moved mid-answer
+    assert held() == {"g0-eagle": 0.0, "g0-plain": 31_000.0}
+    a.release()
+    b.release()
+    assert held() == {"g0-eagle": 0.0, "g0-plain": 0.0}
+
+
 def test_a_prompt_goes_where_its_prefix_lives_once_prefill_cost_is_known() -> None:
     policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
     prompt = Prompt(3000.0, {"g1-eagle": 3000.0}, max_tokens=64)
@@ -267,6 +287,24 @@ def test_a_prompt_goes_only_where_a_kv_cache_can_hold_it() -> None:
     assert policy.choose(only, prompt=Prompt(40_000.0, {}, 4_096)) == Decision("g1-plain", "adaptive_kv_fit")
     # Where none holds it, it goes where the rules send it (the server's own error says why).
     assert policy.choose(node, prompt=Prompt(90_000.0, {}, 512)).backend == "g0-eagle"
+
+
+def test_a_long_prompt_does_not_wait_for_kv_room_where_a_server_of_its_kind_elsewhere_has_it() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    node = with_kv(groups((1, 0), (3, 0)), g0_eagle=60_000, g0_plain=60_000, g1_eagle=60_000, g1_plain=60_000)
+
+    def holding(snapshot: PoolSnapshot, **held: float) -> PoolSnapshot:
+        """`snapshot` with its in-flight requests holding `held` prompt tokens, by backend name."""
+        return PoolSnapshot(tuple(replace(v, held_prompt_tokens=held.get(v.name.replace("-", "_"), 0.0)) for v in snapshot.backends))
+
+    long, short = Prompt(20_000.0, {}, 512), Prompt(2_000.0, {}, 512)
+    assert policy.choose(node, prompt=long).backend == "g0-eagle"  # the less loaded group
+    # g0's EAGLE server holds a 50,000-token prompt: SGLang would queue the new one behind it.
+    crowded = holding(node, g0_eagle=50_000.0)
+    assert policy.choose(crowded, prompt=long).backend == "g1-eagle"
+    assert policy.choose(crowded, prompt=short).backend == "g0-eagle"  # it fits beside
+    # With no EAGLE server elsewhere to take it, it waits rather than decode plain beside EAGLE's requests.
+    assert policy.choose(holding(node, g0_eagle=50_000.0, g1_eagle=50_000.0), prompt=long).backend == "g0-eagle"
 
 
 def test_the_kv_room_is_learned_from_the_responses_footprint() -> None:

@@ -38,9 +38,10 @@ def backend(
     cap: int | None = None,
     tau: float = 1.0,
     room: float | None = None,
+    full: bool = False,
 ) -> BackendState:
     name = f"{'eagle' if speculative else 'plain'}-{group}"
-    return BackendState(name, group, speculative, available, inflight, cap, line, tau, remaining, room)
+    return BackendState(name, group, speculative, available, inflight, cap, line, tau, remaining, room, full)
 
 
 def test_a_lone_request_speculates() -> None:
@@ -184,6 +185,12 @@ def test_the_eagle_cap_is_respected() -> None:
     assert choose(backends) == ("eagle-g1", "adaptive_predicted_faster")
     # Not stuck in a capped mode either: a full EAGLE server is no reason to stay.
     assert choose([eagle(inflight=4, cap=4, remaining=1.0), plain()])[0] == "plain-g0"
+
+
+def test_a_server_that_would_make_the_request_wait_for_kv_room_gets_nothing() -> None:
+    # EAGLE is the faster mode at one request; full, its group's plain server takes the request, named for it.
+    assert choose([eagle(full=True), plain()]) == ("plain-g0", "adaptive_kv_room")
+    assert choose([eagle(full=True), plain(), eagle("g1"), plain("g1")]) == ("eagle-g1", "adaptive_predicted_faster")
 
 
 def test_unavailable_backends_are_skipped() -> None:

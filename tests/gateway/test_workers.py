@@ -73,12 +73,12 @@ def test_in_flight_counts_are_the_sums_of_every_worker_and_a_dead_worker_is_clea
 
 def test_a_batch_counts_its_weight_in_every_worker(board: LoadBoard) -> None:
     pools = [_pool(_attach(board, w)) for w in range(WORKERS)]
-    slot = pools[0].acquire("plain", max_tokens=8, weight=4)  # a batched /generate of 4 sequences
+    slot = pools[0].acquire("plain", max_tokens=8, weight=4, prompt_tokens=100.0)  # a batched /generate of 4 sequences
     for pool in pools:
         view = pool.snapshot().get("plain")
-        assert (view.inflight, view.expected_tokens) == (4, 32.0)
+        assert (view.inflight, view.expected_tokens, view.held_prompt_tokens) == (4, 32.0, 400.0)
     slot.release()
-    assert all(pool.total_inflight == 0 for pool in pools)
+    assert all(pool.total_inflight == 0 and pool.snapshot().get("plain").held_prompt_tokens == 0.0 for pool in pools)
 
 
 def test_the_health_checkers_engine_loads_reach_every_worker(board: LoadBoard) -> None:

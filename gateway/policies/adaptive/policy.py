@@ -41,6 +41,7 @@ from gateway.policies.adaptive.rules import (
     DRAIN_QUIET,
     DRAIN_TAIL,
     GROUP_SWITCH,
+    KV_ROOM,
     BackendState,
     PromptCost,
     GroupState,
@@ -99,7 +100,9 @@ PREFILL_MIN_TOKENS = 256
 DRAIN_WAIT = 1.0 / 32.0
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
-_NOT_A_MODE = ("adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable", "adaptive_prefix_beside", "adaptive_kv_fit")
+_NOT_A_MODE = (
+    "adaptive_explore", "adaptive_cap", "adaptive_prior", "adaptive_unavailable", "adaptive_prefix_beside", "adaptive_kv_fit", KV_ROOM,
+)
 # Decisions whose request must be answered whole where it goes: a probe's or cold start's response measures
 # that backend, and only that backend's KV cache holds a `adaptive_kv_fit` one.
 _OWN_RESPONSE = ("adaptive_explore", "adaptive_prior", "adaptive_kv_fit", "adaptive_unavailable")
@@ -219,13 +222,14 @@ class AdaptivePolicy(Policy):
         probe = self._probe(snapshot, available, outlooks, kinds) if tier != PRIORITY else None
         if probe is not None:
             return probe.backend, probe.reason
-        states = [self._state(v, outlooks[v.name], kinds) for v in available]
+        waiting = _waiting_for_room(available, prompt, self._mean_output)
+        states = [self._state(v, outlooks[v.name], kinds, full=v.name in waiting) for v in available]
         if tier != PRIORITY and self.lane.active:  # default and flex leave the lane to priority traffic
             states = lane_view(states, self.lane.settings)
         flex = flex_choice(states) if tier == FLEX else None
         if flex is not None:
             return flex, FLEX_PLAIN
-        capped = not all(s.open for s in states)
+        capped = not all(s.open or s.full for s in states)
         if self.slo_tpot is not None and not capped:  # a capped EAGLE: the cap rule decides
             harm = least_harm(snapshot, states, self.slo_tpot)
             if harm is not None:
@@ -591,10 +595,10 @@ class AdaptivePolicy(Policy):
         least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
         return Decision(least.name, "adaptive_prior")
 
-    def _state(self, view: BackendView, outlook: Outlook, kinds: dict[bool, KindLine]) -> BackendState:
+    def _state(self, view: BackendView, outlook: Outlook, kinds: dict[bool, KindLine], *, full: bool = False) -> BackendState:
         """The backend as the group rule sees it: its kind's pooled line (EAGLE's scaled by the
-        speculation prior), tau, and the share of expected output its in-flight requests still have
-        to produce.
+        speculation prior), tau, the share of expected output its in-flight requests still have
+        to produce, and (`full`) whether this request would wait there for KV room.
 
         Backends of one kind share one line: the launcher makes every group alike, and per-backend
         fits of identical servers drift apart by noise, which made the group rule pile requests on
@@ -616,6 +620,7 @@ class AdaptivePolicy(Policy):
             tau=tau,
             remaining=remaining,
             room=max(view.kv_tokens / self._footprint, 1.0) if view.kv_tokens and self._footprint else None,
+            full=full,
         )
 
     def _prompt_cost(self, available: list[BackendView], prompt: Prompt | None) -> PromptCost | None:
@@ -677,7 +682,7 @@ class AdaptivePolicy(Policy):
         for s in states:
             loads[s.group] = loads.get(s.group, 0) + s.inflight
         predicted = {s.name: s.line.at(loads[s.group] + 1) for s in states if s.line is not None}
-        return any(not s.open and predicted[s.name] < predicted[chosen] for s in states)
+        return any(not s.open and not s.full and predicted[s.name] < predicted[chosen] for s in states)
 
     def _judge_probe(self, arm: Arm, *, taught_nothing: bool) -> None:
         """Back the backend's probe interval off after a probe that taught nothing, else reset it."""
@@ -693,6 +698,26 @@ class AdaptivePolicy(Policy):
 
     def _spec_factor(self, arm: Arm) -> float:
         return self._factor(bool(arm.speculative), arm.estimator.evidence)
+
+
+def _waiting_for_room(available: list[BackendView], prompt: Prompt | None, mean_output: float) -> set[str]:
+    """The backends where the request would wait for KV room, as SGLang admits it (its uncached prompt and
+    output beside what the in-flight requests hold: their prompts to prefill and expected outputs), and
+    a server of the same kind in another group would not. Only that wait is avoided: a server of the other
+    kind, or its own group's other one, would mix modes on shared GPUs for the request's whole life,
+    against a wait that usually ends with the next response."""
+    if prompt is None:
+        return set()
+    output = prompt.max_tokens if prompt.max_tokens is not None else mean_output
+
+    def waits(v: BackendView) -> bool:
+        return bool(v.kv_tokens) and v.held_prompt_tokens + v.expected_tokens + prompt.uncached(v.name) + output > v.kv_tokens
+
+    full = [v for v in available if waits(v)]
+    if not full:
+        return set()
+    roomy = [v for v in available if not waits(v)]
+    return {v.name for v in full if any(r.speculative == v.speculative and r.group != v.group for r in roomy)}
 
 
 def _holding(available: list[BackendView], prompt: Prompt | None) -> list[BackendView]:

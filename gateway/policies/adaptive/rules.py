@@ -10,8 +10,9 @@ for the requests a switch strands in the old mode (both servers' steps every rou
 drain) [`adaptive_group_switch`, else `adaptive_group_stay`], and it turns to speculation only when
 that also holds at its settled load and within the load EAGLE was measured at; (3) the request goes
 to the group where it would decode fastest, priced at the round it joins (its server's step plus
-the other server's, if that one has requests); (4) a capped backend gets nothing [`adaptive_cap`].
-Every price counts the wait for KV room (`BackendState.room`). Derivation and measures: docs/adaptive.md.
+the other server's, if that one has requests); (4) a capped backend gets nothing [`adaptive_cap`], nor
+a `full` one [`adaptive_kv_room`]. Every price counts the wait for KV room (`BackendState.room`).
+Derivation and measures: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ EAGLE_REACH = 1.25
 
 # The reason of a decision that turned a co-located group to the other mode (its strays may follow: `moves`).
 GROUP_SWITCH = "adaptive_group_switch"
+# The reason of one that passed over a server whose KV cache would have made it wait (`BackendState.full`).
+KV_ROOM = "adaptive_kv_room"
 # A group whose arrivals stopped moves its plain streams to speculation (`drain`) once no request has come
 # for this many mean gaps between the latest arrivals, ...
 DRAIN_QUIET = 4.0
@@ -66,11 +69,14 @@ class BackendState:
     # Requests of the usual size its KV cache holds at once (None: not known, no limit). Beyond it SGLang
     # queues the rest, so a load of n runs `room` at a time and every request's life stretches by n / room.
     room: float | None = None
+    # Its KV cache cannot take this request beside its in-flight ones (SGLang would queue it until they end)
+    # while a server of its kind in another group can: the mean-size `room` does not see a long prompt's wait.
+    full: bool = False
 
     @property
     def open(self) -> bool:
         """Whether it can take one more request."""
-        return self.available and (self.cap is None or self.inflight < self.cap)
+        return self.available and not self.full and (self.cap is None or self.inflight < self.cap)
 
 
 @dataclass(frozen=True)
@@ -248,17 +254,22 @@ def _group_option(members: list[BackendState], state: GroupState) -> _Option | N
     load = max(total + 1.0, state.load)
     ranked = sorted(members, key=lambda b: (_tpot(b, load), b.name))
     best = next(b for b in ranked if b.open)
-    pick, reason = best, "adaptive_predicted_faster" if best is ranked[0] else "adaptive_cap"
+    pick, reason = best, "adaptive_predicted_faster" if best is ranked[0] else _closed(ranked[0])
     mode = _mode(members, state)
     if mode is not None and best.speculative != mode:
         stay = next(b for b in members if b.speculative == mode)
         if not stay.open:
-            pick, reason = best, "adaptive_cap"
+            pick, reason = best, _closed(stay)
         elif not _worth_switching(stay, best, load) or (best.speculative and not _may_speculate(stay, best, load, state)):
             pick, reason = stay, "adaptive_group_stay"
         else:
             reason = GROUP_SWITCH
     return _Option(pick, reason, _joined_tpot(pick, members), total)
+
+
+def _closed(b: BackendState) -> str:
+    """The reason a request passed `b` over for the other server of its group."""
+    return KV_ROOM if b.full else "adaptive_cap"
 
 
 def _joined_tpot(pick: BackendState, members: list[BackendState], *, drain: bool = False) -> float:
