@@ -3,16 +3,16 @@
 Each response (or stretch of a streaming one) gives one point: the mean in-flight count while it
 decoded, and decode seconds per token. Points are kept per band of loads (a quarter octave wide): a
 band's level is the weighted median of its latest responses (older ones count less, by `half_life`),
-so another request's long prefill landing in a few responses does not move it. The curve runs
-straight between measured bands and beyond them at the slope of the measured stretch nearest (at
-least zero); with one band measured, at a weak prior slope (with `far_prior`, also past twice the
-loads measured, where that is gentler). So a bent step table is followed where it is measured, and a
-new load is news about the curve there, never taken for a changed backend. A backend that changed (a
-restart with other settings, a drop in acceptance) shows as responses in well-measured bands at
-loads apart off the same way: every band then moves to the new level and keeps little weight, so the
-curve re-learns within tens of responses. Responses off at one load only move that band: the
-requests decoding together share their steps' prefills, so their responses are off together whatever
-the backend.
+so another request's long prefill landing in a few responses does not move it; the levels are made
+non-decreasing in load (a larger batch never decodes a token faster). The curve runs straight between
+measured bands and beyond them at the slope of the measured stretch nearest (at least zero); with one
+band measured, at a weak prior slope (with `far_prior`, also past twice the loads measured, where
+that is gentler). So a bent step table is followed where it is measured, and a new load is news
+about the curve there, never a changed backend. A backend that changed (a restart with other
+settings, a drop in acceptance) shows as responses in well-measured bands at loads apart off the same
+way: every band then moves to the new level and keeps little weight, so the curve re-learns within
+tens of responses. Responses off at one load only move the curve near it: the requests decoding
+together share their steps' prefills, so their responses are off together whatever the backend.
 """
 
 from __future__ import annotations
@@ -197,7 +197,8 @@ def _curve(levels: dict[int, tuple[float, float, float]], counts: dict[int, int]
     # Each band's level pulled towards the line through the bands around it by `SHRINK` responses'
     # worth: a band of a few responses, which one unlucky draw can move far, leans on its neighbours;
     # a well-measured band keeps its own level, and a bent curve stays bent (the line is local).
-    points = tuple(sorted((n, (w * y + SHRINK * at) / (w + SHRINK)) for (n, y, w), (at, _) in zip(mature, lines, strict=True)))
+    shrunk = sorted((n, (w * y + SHRINK * at) / (w + SHRINK), w + SHRINK) for (n, y, w), (at, _) in zip(mature, lines, strict=True))
+    points = _non_decreasing(shrunk)
     low, high = points[0], points[-1]
     if high[0] < SPREAD * max(low[0], 1.0):
         # Too little spread in load for a slope of its own (neighbouring bands a few requests apart
@@ -220,6 +221,23 @@ def _curve(levels: dict[int, tuple[float, float, float]], counts: dict[int, int]
     n, y = high
     prior = config.prior_slope_ratio * y / (1.0 + config.prior_slope_ratio * n)
     return TpotCurve(points, _slope(near_bottom), high_slope, min(high_slope, prior))
+
+
+def _non_decreasing(levels: list[tuple[float, float, float]]) -> tuple[tuple[float, float], ...]:
+    """Levels `(load, TPOT, weight)` in increasing load as points `(load, TPOT)` made non-decreasing in
+    TPOT (weighted isotonic regression: adjacent levels that fall are pooled to their weighted mean). A
+    batch one request larger never decodes a token faster, so a fall is noise (a band whose responses
+    were a burst's short answers, decoded while the rest of it prefilled, reads slow; the band above,
+    fast), and a curve that fell sent every request to the busier of two servers alike."""
+    blocks: list[tuple[float, float, int]] = []  # (weight, weight * TPOT, levels pooled)
+    for _, y, w in levels:
+        block = (w, w * y, 1)
+        while blocks and blocks[-1][1] / blocks[-1][0] > block[1] / block[0]:
+            w0, wy0, k0 = blocks.pop()
+            block = (w0 + block[0], wy0 + block[1], k0 + block[2])
+        blocks.append(block)
+    pooled = [wy / w for w, wy, k in blocks for _ in range(k)]
+    return tuple((n, y) for (n, _, _), y in zip(levels, pooled, strict=True))
 
 
 def _local_lines(levels: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
