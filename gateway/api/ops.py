@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.api.jobs import runtime_of
 from gateway.api.redact import redact_server_info
 from gateway.errors import OpenAIError
-from gateway.pool.backends import Pool
+from gateway.pool.backends import Backend, Pool
 from gateway.pool.node_load import SECTIONS, loads_prometheus, node_loads
 from gateway.pool.prefix import BLOCK_BYTES
 from gateway.runtime import Runtime
@@ -97,9 +97,21 @@ async def admin_status(request: Request) -> dict[str, Any]:
                 "served_model_name": b.served_model_name,
                 "inflight": b.inflight_total,
                 "requests_served": b.served_total,
+                "kv": _kv(b),
             }
             for b in rt.pool
         ],
+    }
+
+
+def _kv(backend: Backend) -> dict[str, float | int | None]:
+    """Its KV room as the policy weighs it: the capacity its engine reports (None before a report) and what
+    its in-flight requests hold there (the prompt tokens they were sent to prefill, the output expected)."""
+    load = backend.engine_load
+    return {
+        "capacity_tokens": load.kv_tokens if load is not None and load.kv_tokens else None,
+        "held_prompt_tokens": backend.held_prompt_tokens_total,
+        "expected_output_tokens": backend.expected_tokens_total,
     }
 
 

@@ -106,6 +106,16 @@ class Backend:
     def served_total(self) -> int:
         return int(self.board.total(self.index, SERVED))
 
+    @property
+    def held_prompt_tokens_total(self) -> float:
+        """Prompt tokens its in-flight requests were sent to prefill, across the whole gateway."""
+        return self.board.total(self.index, HELD)
+
+    @property
+    def expected_tokens_total(self) -> float:
+        """Output tokens its in-flight requests are expected to produce, across the whole gateway."""
+        return self.board.total(self.index, EXPECTED)
+
     def _add(self, expected: float = 0.0, chunks: int = 0, prompt: float = 0.0) -> None:
         self.expected_tokens += expected
         self.relayed_chunks += chunks
@@ -116,8 +126,8 @@ class Backend:
 
     def _view(self) -> BackendView:
         board, i = self.board, self.index
-        inflight, expected, chunks = int(board.total(i, INFLIGHT)), board.total(i, EXPECTED), int(board.total(i, CHUNKS))
-        held = board.total(i, HELD)
+        inflight, expected, chunks = self.inflight_total, self.expected_tokens_total, int(board.total(i, CHUNKS))
+        held = self.held_prompt_tokens_total
         load = self.engine_load
         if load is None:
             return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks, held_prompt_tokens=held)

@@ -16,6 +16,7 @@ from gateway.dialects.openai import OPENAI, messages_text
 from gateway.pool.board import LoadBoard, LocalBoard
 from gateway.pool.prefix import BLOCK_BYTES, PrefixEstimate, PrefixTable, block_keys
 from tests.gateway.conftest import serving
+from tests.gateway.test_e2e_faults import SOON, eventually
 
 
 def table(slots: int = 1024) -> PrefixTable:
@@ -169,3 +170,28 @@ def test_content_nested_deeper_than_json_can_be_written_gets_no_key() -> None:
     assert messages_text([{"role": "user", "content": [deep]}]) is None
     shallow = messages_text([{"role": "user", "content": [{"a": 1}]}])
     assert shallow is not None and b'"a":1' in shallow
+
+
+def test_admin_status_shows_the_kv_an_in_flight_request_holds(gateway: GatewayProcess) -> None:
+    """Two workers: while a stream runs on the plain server, /admin/status (from either worker) counts its
+    prompt and expected output against that server's KV capacity; both return to zero when it ends."""
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    words = 3000
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "kv " * words}], max_tokens=20_000, stream=True,
+        extra_headers={"x-specgate-route": "plain"},  # type: ignore[arg-type]
+    )
+    with stream:
+        next(iter(stream))
+        kv = {b["name"]: b["kv"] for b in httpx.get(gateway.url + "/admin/status").json()["backends"]}
+    assert kv["plain"]["held_prompt_tokens"] > words / 2 and kv["plain"]["expected_output_tokens"] > 0
+    assert kv["plain"]["capacity_tokens"] > kv["plain"]["held_prompt_tokens"] + words
+    assert kv["eagle"]["held_prompt_tokens"] == 0
+
+    def released() -> bool:  # the stream's slot goes once its worker sees the client gone
+        kvs = [b["kv"] for b in httpx.get(gateway.url + "/admin/status").json()["backends"]]
+        return all(k["held_prompt_tokens"] == 0 and k["expected_output_tokens"] == 0 for k in kvs)
+
+    eventually(released, SOON, "the closed stream's KV released")
+    assert released()  # and again, from whichever worker answers
