@@ -42,6 +42,7 @@ from gateway.policies.adaptive.rules import (
     DRAIN_TAIL,
     GROUP_SWITCH,
     KV_ROOM,
+    REACH_TRIAL,
     BackendState,
     PromptCost,
     GroupState,
@@ -98,6 +99,15 @@ PREFILL_MIN_TOKENS = 256
 # A response's end is followed by a look for a drain (rule 9) this share of a mean life later: a closed
 # loop's client sends its next request by then, so its completions do not read as its traffic stopping.
 DRAIN_WAIT = 1.0 / 32.0
+# A group on plain decode turns to speculation only within EAGLE's measured reach (rules.EAGLE_REACH), so a
+# gateway that starts under load would never measure EAGLE there when it had run only near one request.
+# After this many mean lives with no request sent to speculation, one group of several tries it (a reach
+# trial: `rules._reach_trial`) ...
+TRIAL_LIVES = 8.0
+# ... for at most this many lives: its plain streams drain in the first, then its EAGLE responses are points
+# of EAGLE's curve at the group's load, and the rules decide as usual. A single group is never tried: the
+# trial would be the whole node's.
+TRIAL_HOLD_LIVES = 4.0
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
 _NOT_A_MODE = (
@@ -163,6 +173,8 @@ class AdaptivePolicy(Policy):
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._drained: set[str] = set()  # plain servers whose group's streams went to EAGLE in a drain (rule 9)
+        self._speculated_at: float | None = None  # the last routing that sent a group to speculation (rules: a trial)
+        self._trial: tuple[str, float] | None = None  # the group in a reach trial, and since when
         self._live: Callable[[], PoolSnapshot] | None = None
         self.lane = TierLane(tiers)
 
@@ -248,6 +260,10 @@ class AdaptivePolicy(Policy):
         self.lane.routed(decision.tier)
         self._forecast.arrived(snapshot.at, snapshot.total_inflight)
         sizes = Counter(v.group for v in snapshot.backends)
+        if self._speculated_at is None or (chosen.speculative and decision.reason not in _NOT_A_MODE):
+            self._speculated_at = snapshot.at  # since the first routing: a trial waits on a whole wait
+        if decision.reason == REACH_TRIAL and self._trial is None:
+            self._trial = (chosen.group, snapshot.at)
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
             if chosen.speculative:  # the drained streams are where the group's new requests go
@@ -462,6 +478,7 @@ class AdaptivePolicy(Policy):
             "prefix_hit_share": self._hit_share,
             "mean_output_tokens": self._mean_output,
             "prefix_reuse": self._reuse(),
+            "reach_trial": {"group": self._trial[0], "since": self._trial[1]} if self._trial is not None else None,
         }
         if snapshot is not None:
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
@@ -674,7 +691,23 @@ class AdaptivePolicy(Policy):
 
     def _groups(self, snapshot: PoolSnapshot) -> dict[str, GroupState]:
         load, settled = self._group_loads(snapshot)
-        return {v.group: GroupState(load, self._modes.get(v.group), settled) for v in snapshot.backends}
+        trying = self._trying(snapshot)
+        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying) for v in snapshot.backends}
+
+    def _trying(self, snapshot: PoolSnapshot) -> set[str]:
+        """The groups that may be in a reach trial now: the one in it, else every group once speculation has
+        had no request for `TRIAL_LIVES` lives (the first routed there starts it), else none."""
+        life = self._forecast.life
+        groups = {v.group for v in snapshot.backends}
+        if len(groups) < 2 or life <= 0.0:
+            return set()
+        if self._trial is not None:
+            group, since = self._trial
+            if snapshot.at - since < TRIAL_HOLD_LIVES * life:
+                return {group}
+            self._trial = None
+        starved = self._speculated_at is not None and snapshot.at - self._speculated_at >= TRIAL_LIVES * life
+        return groups if starved else set()
 
     def _capped_was_faster(self, states: list[BackendState], chosen: str) -> bool:
         """Whether a backend at its cap would have served this request faster than the one chosen."""

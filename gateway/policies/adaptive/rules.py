@@ -8,11 +8,11 @@ has been carrying (settled) and the mode its requests last went to. `choose`, re
 fastest [`adaptive_predicted_faster`]; (2) it changes mode only when the gain over a few lives pays
 for the requests a switch strands in the old mode (both servers' steps every round until they
 drain) [`adaptive_group_switch`, else `adaptive_group_stay`], and it turns to speculation only when
-that also holds at its settled load and within the load EAGLE was measured at; (3) the request goes
-to the group where it would decode fastest, priced at the round it joins (its server's step plus
-the other server's, if that one has requests); (4) a capped backend gets nothing [`adaptive_cap`], nor
-a `full` one [`adaptive_kv_room`]. Every price counts the wait for KV room (`BackendState.room`).
-Derivation and measures: docs/adaptive.md.
+that also holds at its settled load and within the load EAGLE was measured at, or in a trial past it
+[`adaptive_reach_trial`]; (3) the request goes to the group where it would decode fastest, priced at
+the round it joins (its server's step plus the other server's, if that one has requests); (4) a
+capped backend gets nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]. Every price
+counts the wait for KV room (`BackendState.room`). Derivation and measures: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gateway.policies.adaptive.fit import Curve
+from gateway.policies.adaptive.fit import SPREAD, Curve
 from gateway.policies.lane import TierSettings
 from gateway.pool.snapshot import PoolSnapshot
 
@@ -36,6 +36,8 @@ EAGLE_REACH = 1.25
 
 # The reason of a decision that turned a co-located group to the other mode (its strays may follow: `moves`).
 GROUP_SWITCH = "adaptive_group_switch"
+# The reason of one that turned a plain group to speculation past EAGLE's measured reach, to measure it there.
+REACH_TRIAL = "adaptive_reach_trial"
 # The reason of one that passed over a server whose KV cache would have made it wait (`BackendState.full`).
 KV_ROOM = "adaptive_kv_room"
 # A group whose arrivals stopped moves its plain streams to speculation (`drain`) once no request has come
@@ -87,6 +89,7 @@ class GroupState:
     load: float = 0.0
     mode: bool | None = None  # speculative?
     settled: float = 0.0  # its mean load over the last few lives: speculation resumes only when that is light too
+    trial: bool = False  # it may try speculation past EAGLE's reach, or is trying it (`_reach_trial`)
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,9 @@ def _group_option(members: list[BackendState], state: GroupState) -> _Option | N
     best = next(b for b in ranked if b.open)
     pick, reason = best, "adaptive_predicted_faster" if best is ranked[0] else _closed(ranked[0])
     mode = _mode(members, state)
+    trial = _reach_trial(members, load, mode, state) if state.trial else None
+    if trial is not None:
+        return _Option(trial, REACH_TRIAL, _joined_tpot(trial, members), total)
     if mode is not None and best.speculative != mode:
         stay = next(b for b in members if b.speculative == mode)
         if not stay.open:
@@ -306,7 +312,27 @@ def _may_speculate(plain: BackendState, eagle: BackendState, load: float, state:
     lull must outlast a few lives), and that load within EAGLE's measured reach."""
     settled = max(load, state.settled)
     assert eagle.line is not None
-    return settled <= EAGLE_REACH * max(eagle.line.reach, 1.0) and _worth_switching(plain, eagle, settled)
+    return settled <= _edge(eagle) and _worth_switching(plain, eagle, settled)
+
+
+def _edge(eagle: BackendState) -> float:
+    """The most load at which EAGLE's line is taken as measured."""
+    assert eagle.line is not None
+    return EAGLE_REACH * max(eagle.line.reach, 1.0)
+
+
+def _reach_trial(members: list[BackendState], load: float, mode: bool | None, state: GroupState) -> BackendState | None:
+    """The EAGLE server of a group in a reach trial (`GroupState.trial`): while EAGLE was measured near one
+    request only, so that its line's slope is the estimator's prior (a measured slope is believed), and
+    the group's settled load is beyond its reach. A plain group starts one where EAGLE is worth switching
+    to at the edge of its reach; the group then stays on EAGLE until its responses there measure it."""
+    eagle = next((b for b in members if b.speculative and b.open and b.line is not None), None)
+    plain = next((b for b in members if not b.speculative and b.line is not None), None)
+    if eagle is None or plain is None or eagle.line is None or eagle.line.reach >= SPREAD:
+        return None
+    if max(load, state.settled) <= _edge(eagle):
+        return None
+    return eagle if mode is True or _worth_switching(plain, eagle, _edge(eagle)) else None
 
 
 def _mode(members: list[BackendState], state: GroupState) -> bool | None:
