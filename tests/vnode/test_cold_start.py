@@ -11,7 +11,7 @@ import gateway.policies.adaptive.policy as adaptive
 from benchmarks.cold_start import cell
 
 LLAMA8B_K8 = 1  # benchmarks.real_traffic.MACHINES: llama8b-h100, 8 co-located groups of one GPU
-REQUESTS = 2048  # about 20 mean lives at half of plain-dp's capacity: the trial comes after 8
+REQUESTS = 1024  # about 10 mean lives at half of plain-dp's capacity: the trial comes after 4
 
 
 def test_a_gateway_started_under_load_tries_speculation_there_and_keeps_it_where_it_is_faster(

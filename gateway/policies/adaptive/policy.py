@@ -103,7 +103,7 @@ DRAIN_WAIT = 1.0 / 32.0
 # gateway that starts under load would never measure EAGLE there when it had run only near one request.
 # After this many mean lives with no request sent to speculation, one group of several tries it (a reach
 # trial: `rules._reach_trial`) ...
-TRIAL_LIVES = 8.0
+TRIAL_LIVES = 4.0
 # ... for at most this many lives: its plain streams drain in the first, then its EAGLE responses are points
 # of EAGLE's curve at the group's load, and the rules decide as usual. A single group is never tried: the
 # trial would be the whole node's.
