@@ -10,7 +10,7 @@ from gateway.policies import Decision, DrainMark, Running
 from gateway.policies.adaptive import AdaptivePolicy
 from gateway.policies.adaptive.rules import DRAIN_QUIET, Stray, drain
 from tests.gateway.test_adaptive import FIELD_EAGLE, FIELD_PLAIN
-from tests.gateway.test_adaptive_groups import groups, trained
+from tests.gateway.test_adaptive_groups import completion, groups, trained
 from tests.gateway.test_group_choice import LLAMA_E, LLAMA_P, eagle, plain
 
 CHEAP = 0.05  # ms a token of prefill, as the lines are in ms
@@ -58,6 +58,21 @@ def test_a_quiet_plain_group_moves_its_long_answer_to_eagle_and_takes_it_back_wi
     assert policy.may_move(back)
     assert policy.moves(groups((1, 1)), back, [running(1800, "g0-eagle")]) == ["long"]
     assert not policy.may_move(back)
+
+
+def test_the_long_answers_ending_after_the_last_arrival_do_not_raise_the_tail_a_drain_needs() -> None:
+    # Once requests stop, the responses still ending are the longest of the traffic (129 tokens on average
+    # here): 40 of 1,500 tokens pull the mean output past 1,000, but a 2,000-token answer still to come is
+    # a tail against the traffic as it was while requests came.
+    policy, last = quiet_plain_group()
+    for _ in range(40):
+        policy.observe(completion("g0-plain", FIELD_PLAIN, 1, tokens=1500))
+    assert policy.describe()["beliefs"]["mean_output_tokens"] > 1000.0
+    mark = policy.drain_mark(last + 0.01)
+    assert mark is not None
+    later = replace(groups((0, 1)), at=last + 0.01 + DRAIN_QUIET * GAP)
+    assert policy.drain_moves(later, mark, [running(2000)]) == [("long", "g0-eagle")]
+    assert policy.drain_moves(later, mark, [running(200)]) == []  # an ordinary answer of that traffic stays
 
 
 def test_no_drain_while_requests_come() -> None:

@@ -168,6 +168,9 @@ class AdaptivePolicy(Policy):
         self._streamed = self._unstreamed = 0  # responses seen, streamed and not
         self._engine_steps = EngineSteps()  # each engine's decode steps, for backends no stream teaches
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
+        # ... as it stood at the latest arrival: once requests stop, the responses still ending are the longest
+        # of their traffic, and their mean would pass any answer for ordinary (rule 9's tail).
+        self._arrival_output = self._mean_output
         self._footprint: float | None = None  # KV tokens a request holds: mean uncached prompt + output
         self._hit_share = 0.0  # mean share of a prompt its backend had cached
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
@@ -259,6 +262,7 @@ class AdaptivePolicy(Policy):
         self._last[chosen.group] = f"{decision.decodes_on}: {decision.label}"
         self.lane.routed(decision.tier)
         self._forecast.arrived(snapshot.at, snapshot.total_inflight)
+        self._arrival_output = self._mean_output
         sizes = Counter(v.group for v in snapshot.backends)
         if self._speculated_at is None or (chosen.speculative and decision.reason not in _NOT_A_MODE):
             self._speculated_at = snapshot.at  # since the first routing: a trial waits on a whole wait
@@ -327,7 +331,7 @@ class AdaptivePolicy(Policy):
         if self.lane.clock.decisions() != mark.decisions or self._forecast.quiet(snapshot.at) < DRAIN_QUIET:
             return []
         available = [v for v in snapshot.backends if v.available]
-        tail = DRAIN_TAIL * self._mean_output
+        tail = DRAIN_TAIL * self._arrival_output
         out: list[tuple[str, str]] = []
         for group in dict.fromkeys(v.group for v in available):
             members = [v for v in available if v.group == group]
