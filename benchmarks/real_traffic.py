@@ -1,7 +1,7 @@
 """specgate against every data-parallel baseline, behind the least-in-flight balancer and behind SMG's cache_aware
 policy, on real-traffic workloads in virtual time (issue 28 part 4): docs/benchmarks/real-traffic.md and .json.
 
-    python benchmarks/real_traffic.py [--out docs/benchmarks/real-traffic] [--jobs 2] [--seed 0]
+    python benchmarks/real_traffic.py [--out docs/benchmarks/real-traffic] [--jobs 2] [--seed 0] [--trace-requests 128]
 
 Cells: profile (field-8gpu K=1, llama8b-h100 K=8, the calibrated h200-llama8b K=8) x workload (shared-prefix,
 multi-turn, a window of the Mooncake conversation trace, random), each open loop at 10, 30, 50, 70 and 90% of
@@ -76,14 +76,14 @@ MACHINES = (
 )
 
 
-def dataset(workload: str) -> Dataset:
-    """The workload's dataset at this benchmark's size."""
+def dataset(workload: str, trace_requests: int = TRACE_REQUESTS) -> Dataset:
+    """The workload's dataset at this benchmark's size (the trace: its first `trace_requests`)."""
     if workload == "shared-prefix":
         return SharedPrefix(num_groups=16, prompts_per_group=16)
     if workload == "multi-turn":
         return MultiTurn()
     if workload == "trace":
-        return TraceReplay.load(TRACE, num_requests=TRACE_REQUESTS)
+        return TraceReplay.load(TRACE, num_requests=trace_requests)
     return RandomPrompts()
 
 
@@ -99,18 +99,19 @@ def trace_rate(replay: TraceReplay) -> float:
     return len(window) / span
 
 
-def level_at(workload: str, rate: float) -> Level:
+def level_at(workload: str, rate: float, trace_requests: int = TRACE_REQUESTS) -> Level:
     """An open-loop level offering `rate` requests/s (the trace: its clock scaled to that rate)."""
     if workload == "trace":
-        return Level(trace_time_scale=trace_rate(dataset("trace")) / rate)  # type: ignore[arg-type]
+        return Level(trace_time_scale=trace_rate(dataset("trace", trace_requests)) / rate)  # type: ignore[arg-type]
     return Level(request_rate=rate)
 
 
-def settings_for(workload: str, levels: tuple[Level, ...], requests: int, slo: Slo = Slo(), seed: int = 0) -> SweepSettings:
+def settings_for(workload: str, levels: tuple[Level, ...], requests: int, slo: Slo = Slo(), seed: int = 0,
+                 trace_requests: int = TRACE_REQUESTS) -> SweepSettings:
     """The sweep: 128-token prompts and answers where the dataset does not set its own; `seed` draws the
     workload's requests and arrivals (the same for every target)."""
     return SweepSettings(levels=levels, requests_per_level=RequestsPerLevel(requests, False, requests),
-                         input_len=128, output_len=128, dataset=dataset(workload), slo=slo, seed=seed)
+                         input_len=128, output_len=128, dataset=dataset(workload, trace_requests), slo=slo, seed=seed)
 
 
 def spec(machine: Machine, settings: SweepSettings, bounds: tuple[Bound, ...] = ()) -> EnvelopeSpec:
@@ -119,10 +120,10 @@ def spec(machine: Machine, settings: SweepSettings, bounds: tuple[Bound, ...] = 
                         draws="request", routers=routers(machine))
 
 
-def capacity(machine: Machine, workload: str, seed: int = 0) -> float:
+def capacity(machine: Machine, workload: str, seed: int = 0, trace_requests: int = TRACE_REQUESTS) -> float:
     """plain-dp's requests/s on this workload with every request sent at once (behind the balancer)."""
-    settings = settings_for(workload, (level_at(workload, 1e6) if workload == "trace" else Level(request_rate=math.inf),),
-                            REQUESTS, seed=seed)
+    at_once = level_at(workload, 1e6, trace_requests) if workload == "trace" else Level(request_rate=math.inf)
+    settings = settings_for(workload, (at_once,), REQUESTS, seed=seed, trace_requests=trace_requests)
     s = spec(machine, settings)
     _, targets = same_hardware_targets(s.profile, s.profile_file, s.hardware, settings, QuietProgress())
     plain = next(t for t in targets if t.name == "plain-dp")
@@ -131,16 +132,18 @@ def capacity(machine: Machine, workload: str, seed: int = 0) -> float:
     return stats.request_s
 
 
-def cell(machine: Machine, workload: str, seed: int = 0) -> dict[str, Any]:
+def cell(machine: Machine, workload: str, seed: int = 0, trace_requests: int = TRACE_REQUESTS) -> dict[str, Any]:
     """One profile x workload: capacity, SLOs, the envelope at every load, its rows and verdict."""
     began = time.perf_counter()
-    cap = capacity(machine, workload, seed)
+    cap = capacity(machine, workload, seed, trace_requests)
     rates = [load * cap for load in LOADS]
-    light = run_envelope(spec(machine, settings_for(workload, (level_at(workload, rates[0]),), 64, seed=seed)))
+    light_level = (level_at(workload, rates[0], trace_requests),)
+    light = run_envelope(spec(machine, settings_for(workload, light_level, 64, seed=seed, trace_requests=trace_requests)))
     stats = [t.stats for t in light.levels[0].targets.values()]
     slo = Slo(2.0 * min(s.ttft.p50 for s in stats if s.ttft.p50), 1.5 * min(s.tpot.p50 for s in stats if s.tpot.p50))
     bounds = RANDOM_BOUNDS if workload == "random" else PREFIX_BOUNDS
-    settings = settings_for(workload, tuple(level_at(workload, r) for r in rates), REQUESTS, slo, seed)
+    settings = settings_for(workload, tuple(level_at(workload, r, trace_requests) for r in rates), REQUESTS, slo, seed,
+                            trace_requests)
     doc = run_envelope(spec(machine, settings, bounds), command="benchmarks/real_traffic.py")
     return {"machine": machine.label, "workload": workload, "capacity_request_s": cap, "loads": list(LOADS),
             "rates": rates, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms}, "levels": _levels(doc),
@@ -167,9 +170,9 @@ def _levels(doc: ResultsDocument) -> list[dict[str, Any]]:
     return rows
 
 
-def _run(job: tuple[int, str, int]) -> dict[str, Any]:
-    machine_index, workload, seed = job
-    return cell(MACHINES[machine_index], workload, seed)
+def _run(job: tuple[int, str, int, int]) -> dict[str, Any]:
+    machine_index, workload, seed, trace_requests = job
+    return cell(MACHINES[machine_index], workload, seed, trace_requests)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -180,13 +183,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="indices into MACHINES")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--seed", type=int, default=0, help="draws every workload's requests and arrivals")
+    parser.add_argument("--trace-requests", type=int, default=TRACE_REQUESTS, help="the trace window: its first requests")
     args = parser.parse_args(argv)
-    jobs = [(int(m), w, args.seed) for m in args.machines.split(",") for w in args.workloads.split(",")]
+    jobs = [(int(m), w, args.seed, args.trace_requests) for m in args.machines.split(",") for w in args.workloads.split(",")]
     began = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(_run, jobs))
     command = "python benchmarks/real_traffic.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    data = {"command": command.strip(), "seconds": time.perf_counter() - began, "cells": cells}
+    data = {"command": command.strip(), "seconds": time.perf_counter() - began, "raw": args.out.with_suffix(".json").name,
+            "trace_requests": args.trace_requests, "cells": cells}
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
     args.out.with_suffix(".md").write_text(markdown(data))
     print(f"wrote {args.out}.md and .json in {data['seconds']:.0f} s")

@@ -114,7 +114,7 @@ def markdown(data: dict[str, Any]) -> str:
         "# Real traffic: specgate against DP behind least-in-flight and behind SMG cache_aware (vnode)",
         "",
         f"Command: `{data['command']}` ({data['seconds']:.0f} s on this 2-core machine). Raw data: "
-        "[real-traffic.json](real-traffic.json). Hand-written diagnosis of the cells that miss a bound, and the "
+        f"[{data['raw']}]({data['raw']}). Hand-written diagnosis of the cells that miss a bound, and the "
         "check of the SMG emulation against the real SMG: [real-traffic-notes.md](real-traffic-notes.md).",
         "",
         "Modelled in virtual time (`vnode`): the simulator's engine cores, no HTTP. Targets on the same K x G GPUs: "
@@ -124,7 +124,7 @@ def markdown(data: dict[str, Any]) -> str:
         "plain-dp's capacity on each workload (plain-dp alone, every request sent at once); each request's own "
         "acceptance draws. Workloads: `shared-prefix` (16 system prompts of 2,048 tokens x 16 questions of 128, "
         "256-token answers), `multi-turn` (64 conversations of 4 turns, 4 tenants' 1,024-token system prompts, 1 s "
-        "think time), `trace` (the first 128 requests of the Mooncake conversation trace, "
+        f"think time), `trace` (the first {data['trace_requests']} requests of the Mooncake conversation trace, "
         "/work/shared/traces/mooncake-conversation.jsonl, Apache-2.0, its clock scaled to each rate), `random` "
         "(unique 128-token prompts, 128-token answers). Goodput: requests/s within the cell's TTFT and TPOT SLOs "
         "(2x the lowest TTFT p50 and 1.5x the lowest TPOT p50 of any target in a light run at 10%); no workload "
