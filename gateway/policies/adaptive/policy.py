@@ -614,11 +614,6 @@ class AdaptivePolicy(Policy):
                 return Decision(view.name, "adaptive_explore")
         plain = [v for v in available if not v.speculative] or [v for v in available if self._open(v)] or available
         least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
-        # An idle server beside its group's busy one: the request joins the busy one's mode. Beside it, it
-        # would slow both, and every response meanwhile would be a shared-GPU reading, teaching no curve.
-        busy = [v for v in by_name if v.group == least.group and v.inflight > 0 and self._open(v)]
-        if least.inflight == 0 and busy:
-            least = busy[0]
         return Decision(least.name, "adaptive_prior")
 
     def _state(self, view: BackendView, outlook: Outlook, kinds: dict[bool, KindLine], *, full: bool = False) -> BackendState:
