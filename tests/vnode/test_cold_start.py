@@ -3,14 +3,18 @@ tried at the load the groups carry (a reach trial) and taken where it is faster 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 import gateway.policies.adaptive.policy as adaptive
 from benchmarks.cold_start import cell
+from benchmarks.real_traffic import MACHINES, capacity, level_at, settings_for, spec
+from vnode.envelope import run_envelope
 
 LLAMA8B_K8 = 1  # benchmarks.real_traffic.MACHINES: llama8b-h100, 8 co-located groups of one GPU
+FIELD_K1 = 0  # ... field-8gpu, one co-located pair on 8 GPUs
 REQUESTS = 1024  # about 10 mean lives at half of plain-dp's capacity: the trial comes after 4
 
 
@@ -27,3 +31,18 @@ def test_a_gateway_started_under_load_tries_speculation_there_and_keeps_it_where
     assert tried["ratios"]["throughput_ratio"] > never["ratios"]["throughput_ratio"]
     assert tried["ratios"]["e2e_p50_ratio"] < never["ratios"]["e2e_p50_ratio"]
     assert tried["targets"]["specgate"]["failed"] == 0
+
+
+def test_a_gateway_restarted_at_peak_with_nothing_measured_does_not_pile_requests_onto_eagle() -> None:
+    # field-8gpu K=1 at 90% of plain-dp's capacity, no warm-up request: the first request speculates and
+    # every later one meets a busy group before either curve is fitted. Past a load of about 2, EAGLE on
+    # this profile is many times slower (eagle-dp's E2E p50 here is minutes), so the cold start must
+    # decode them plain, as plain-dp does, not join the busy EAGLE server.
+    machine = MACHINES[FIELD_K1]
+    rate = 0.9 * capacity(machine, "random")
+    settings = dataclasses.replace(settings_for("random", (level_at("random", rate),), 1024), warmup=0)
+    (level,) = run_envelope(spec(machine, settings)).levels
+    specgate, plain = level.targets["specgate"].stats, level.targets["plain-dp"].stats
+    assert specgate.failed == 0
+    assert specgate.e2e.p50 < 1.1 * plain.e2e.p50
+    assert specgate.output_tok_s > 0.97 * plain.output_tok_s
