@@ -1,4 +1,5 @@
-"""`python -m vnode`: `envelope` (one profile's same-hardware envelope in virtual time) and `family` (the profile family's sweep)."""
+"""`python -m vnode`: `envelope` (one profile's same-hardware envelope in virtual time), `family` (the profile
+family's sweep) and `family-compare` (two sweeps' verdicts and ratios side by side)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from loadtest.table import summary_table, table_console
 from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
 from vnode.envelope import EnvelopeSpec, run_envelope
 from vnode.family import Member, family, members
+from vnode.family_compare import THRESHOLD, compare, comparison_lines, load_cells
 from vnode.family_report import cells_json, failures_text, family_markdown, family_table
 from vnode.family_sweep import WORKLOADS, Scale, run_family
 from vnode.smg_router import SmgSettings
@@ -232,3 +234,25 @@ def family_command(member_text: str, workload_text: str, jobs: int | None, seed:
         out_file.write_bytes(cells_json(cells, seconds))
     if markdown_file is not None:
         markdown_file.write_text(family_markdown(cells, seconds, command_line(click.get_current_context(), PROGRAM)))
+
+
+@main.command("family-compare")
+@click.argument("sweeps", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--threshold", type=click.FloatRange(min=0.0), default=THRESHOLD, show_default=True,
+              help="a worst-level ratio moved by more than this share counts as better or worse")
+@click.option("--markdown", "markdown_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the comparison here too (Markdown, with the command)")
+def family_compare_command(sweeps: tuple[Path, ...], threshold: float, markdown_file: Path | None) -> None:
+    """Family sweeps (`family --out` files) compared in pairs, BEFORE AFTER [BEFORE AFTER ...] (one pair per seed,
+    say): each pair's cells meeting every bound and the verdicts that changed, then every worst-level ratio's
+    change pooled over the pairs: how many moved either way, their geometric mean per workload and bound, the
+    largest moves."""
+    if len(sweeps) % 2:
+        raise click.BadParameter(f"sweeps come in pairs, BEFORE AFTER; got {len(sweeps)} files", param_hint="SWEEPS")
+    pairs = [(load_cells(sweeps[i]), load_cells(sweeps[i + 1])) for i in range(0, len(sweeps), 2)]
+    names = [(sweeps[i].name, sweeps[i + 1].name) for i in range(0, len(sweeps), 2)]
+    lines = comparison_lines(compare(pairs, threshold), names)
+    click.echo("\n".join(lines))
+    if markdown_file is not None:
+        command = command_line(click.get_current_context(), PROGRAM)
+        markdown_file.write_text(f"# Family sweeps compared\n\nCommand: `{command}`\n\n" + "\n".join(lines) + "\n")
