@@ -159,8 +159,8 @@ def main(cell_names: str, seed: int, time_scale: str, parallel: bool, out: Path 
              + (" --parallel" if parallel else "") + (f" --time-scale {time_scale}" if time_scale != "auto" else "")
              + (f" --out {out}" if out else "") + (f" --raw {raw}" if raw else "")
              + (" --work-dir WORK --reuse` (the real-time results run before, each as its command below says, and "
-                "taken from WORK;" if reuse else "` (")
-             + " each real-time run's results.json beside it). Per cell: each bound's worst ratio over the levels "
+                "taken from WORK; " if reuse else "` (")
+             + "each real-time run's results.json beside it). Per cell: each bound's worst ratio over the levels "
              "(specgate against the best baseline on the same GPUs; bold: it fails) in real time, in vnode on the "
              "same arguments, and in the family's own run (`python -m vnode family`: each request's own draws on "
              "every target); then per level vnode / real.", ""]
