@@ -31,9 +31,15 @@ def versions() -> dict[str, str]:
 
 
 def command_line(ctx: click.Context, program: str = "python -m loadtest") -> str:
-    """The command that reproduces this run (`program`, then the subcommand), every option spelled out (defaults included)."""
+    """The command that reproduces this run (`program`, then the subcommand), every option spelled out (defaults
+    included), then its arguments."""
     words = [*program.split(), ctx.info_name or ""]
+    arguments: list[str] = []
     for param in ctx.command.params:
+        if isinstance(param, click.Argument) and param.name is not None:
+            value = ctx.params.get(param.name)
+            arguments += [str(v) for v in value] if isinstance(value, (tuple, list)) else [] if value is None else [str(value)]
+            continue
         if not isinstance(param, click.Option) or param.name is None:
             continue
         value = ctx.params.get(param.name)
@@ -47,7 +53,7 @@ def command_line(ctx: click.Context, program: str = "python -m loadtest") -> str
         else:
             for item in value if param.multiple else (value,):
                 words += [param.opts[0], str(item)]
-    return shlex.join(words)
+    return shlex.join(words + arguments)
 
 
 def build_document(

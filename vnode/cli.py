@@ -92,6 +92,9 @@ def main() -> None:
 @click.option("--smg-load-interval", type=click.FloatRange(min=0.0, min_open=True), default=SmgSettings.load_interval,
               show_default=True, help="model seconds between the emulated SMG's load polls (SMG's 10 wall seconds over "
                                       "a real-time run's time scale)")
+@click.option("--taught", is_flag=True,
+              help="a what-if: specgate's policy starts knowing every server's curve at the workload's lengths "
+                   "(an open loop's steady state), as if it had served every load before")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="write results.json, results.csv, the plots and report.md here")
 @workload_options
@@ -122,6 +125,7 @@ def envelope(
     hop_texts: tuple[str, ...],
     baseline_router: str | None,
     smg_load_interval: float,
+    taught: bool,
     out_dir: Path | None,
     workload: WorkloadChoice,
 ) -> None:
@@ -149,7 +153,7 @@ def envelope(
                                "called directly; a router needs K > 1 replicas to choose between")
     routers = ROUTER_CHOICES[baseline_router or default_router_choice(workload.dataset.name, groups)]
     spec = EnvelopeSpec(hardware, settings, profile or (None if profile_file else model.name), profile_file, policy,
-                        params, bounds, draws, hops, routers, SmgSettings(load_interval=smg_load_interval))
+                        params, bounds, draws, hops, routers, SmgSettings(load_interval=smg_load_interval), taught)
     console = Console(stderr=True)
     with progress_for(console) as progress:
         try:
@@ -206,12 +210,15 @@ def _members(text: str) -> list[Member]:
               help="send this many times the requests (steadier statistics, that many times the run time)")
 @click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
               help="policy parameter (repeatable), e.g. adaptive_probe_every=400")
+@click.option("--taught", is_flag=True,
+              help="a what-if: specgate's policy starts knowing every server's curve at the workload's lengths "
+                   "(an open loop's steady state), as if it had served every load before")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write every cell's checks here (JSON)")
 @click.option("--markdown", "markdown_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the report here (Markdown: the command, the table, the failures)")
 def family_command(member_text: str, workload_text: str, jobs: int | None, seed: int, input_len: int, output_len: int,
-                   requests_factor: int, policy_params: tuple[str, ...], out_file: Path | None,
+                   requests_factor: int, policy_params: tuple[str, ...], taught: bool, out_file: Path | None,
                    markdown_file: Path | None) -> None:
     """Every member of the profile family under every workload; the worst ratio per bound, and what fails."""
     chosen = _members(member_text)
@@ -223,7 +230,7 @@ def family_command(member_text: str, workload_text: str, jobs: int | None, seed:
     began = time.perf_counter()
     scale = replace(Scale(), input_len=input_len, output_len=output_len).times(requests_factor)
     cells = run_family(chosen, names, scale=scale, seed=seed,
-                       jobs=jobs or len(os.sched_getaffinity(0)), policy_params=params)
+                       jobs=jobs or len(os.sched_getaffinity(0)), policy_params=params, taught=taught)
     seconds = time.perf_counter() - began
     table_console().print(family_table(cells))
     console = Console(stderr=True)

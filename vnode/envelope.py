@@ -65,6 +65,10 @@ class EnvelopeSpec:
     hops: Mapping[str, float] = field(default_factory=dict)  # seconds each way per target name (absent: 0)
     routers: tuple[RouterKind, ...] = ("least-inflight",)  # the baselines' routers, as `--baseline-router` picks
     smg: SmgSettings = SmgSettings()  # the `+smg` targets' emulated SMG
+    taught: bool = False  # a what-if: specgate's policy starts knowing its servers' curves (`GatewayRouter.teach`)
+
+
+CHAT_TEMPLATE_TOKENS = 7  # the simulator's chat template around a prompt of the workload's length
 
 
 def output_tokens(text: str) -> int:
@@ -87,10 +91,13 @@ def sweep_target(
     progress: Progress,
     draws: Draws = "server",
     hop: float = 0.0,
+    taught: bool = False,
 ) -> list[LevelResult]:
-    """One target through the warm-up and every level, on a fresh node."""
+    """One target through the warm-up and every level, on a fresh node (`taught`: see `EnvelopeSpec`; the chat
+    template's 7 tokens added to the prompt)."""
     events = EventQueue()
-    node = target.node(events, draws=draws, hop=hop)
+    node = target.node(events, draws=draws, hop=hop,
+                       taught=(settings.input_len + CHAT_TEMPLATE_TOKENS, settings.output_len) if taught else None)
     warm = warm_up_plan(settings)
     if warm is not None:
         run_plan(node, warm)
@@ -123,7 +130,8 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
                                           spec.policy, dict(spec.policy_params), spec.routers, spec.smg)
     plans = level_plans(settings)
     results = merge_levels([
-        sweep_target(target, settings, plans, progress, spec.draws, spec.hops.get(target.name, 0.0)) for target in targets
+        sweep_target(target, settings, plans, progress, spec.draws, spec.hops.get(target.name, 0.0), spec.taught)
+        for target in targets
     ])
     profile = spec.profile or str(spec.profile_file)
     params = ", ".join(f"{k}={v}" for k, v in spec.policy_params.items())
@@ -149,11 +157,13 @@ def run_envelope(spec: EnvelopeSpec, progress: Progress | None = None, command: 
             **({"smg": {"emulated": True, "version": fair.smg.version, "policy_settings": fair.smg_policy}}
                if fair.smg is not None else {}),
             "hop_seconds": dict(spec.hops),
+            "taught": spec.taught,
             "config": fair.config,
         },
         preamble=[fair.describe(), "Modelled in virtual time (vnode): the simulator's engine cores on a discrete-event "
                   "clock, no HTTP, no time scale; latencies and throughput are the model's own. Acceptance draws: "
                   + ("each request's own, the same on every target." if spec.draws == "request" else "each server's own, "
-                     "as the simulator draws them.")],
+                     "as the simulator draws them.")
+                  + (" Taught: specgate's policy started knowing its servers' curves (a what-if)." if spec.taught else "")],
     )
     return add_ratios(doc, fair.comparison(), spec.bounds)

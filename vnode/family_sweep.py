@@ -32,7 +32,7 @@ from loadtest.sweep import Level, RequestsPerLevel, SweepSettings
 from loadtest.verdicts import BoundCheck
 from loadtest.workloads.lengths import LengthDist
 from loadtest.workloads.level import RateStep
-from vnode.envelope import EnvelopeSpec, run_envelope
+from vnode.envelope import CHAT_TEMPLATE_TOKENS, EnvelopeSpec, run_envelope
 from vnode.family import BASE_PROFILE, Member
 
 CLOSED_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -73,7 +73,7 @@ class Workload:
 
 def plain_capacity(profile: Profile, groups: int, lengths: LengthDist, scale: Scale) -> float:
     """Requests/s of K plain servers, each running its cap of requests of the workload's mean lengths."""
-    out, prompt = _mean(lengths, scale.output_len), _mean(lengths, scale.input_len) + 7  # + the chat template
+    out, prompt = _mean(lengths, scale.output_len), _mean(lengths, scale.input_len) + CHAT_TEMPLATE_TOKENS
     cap = profile.plain.max_running_requests
     return groups * profile.closed_loop_throughput("plain", cap, round(out), round(prompt)) / out
 
@@ -146,31 +146,33 @@ class Cell:
 
 
 def cell_document(
-    member: Member, workload: Workload, scale: Scale = Scale(), seed: int = 0, policy_params: dict[str, object] | None = None
+    member: Member, workload: Workload, scale: Scale = Scale(), seed: int = 0, policy_params: dict[str, object] | None = None,
+    taught: bool = False,
 ) -> ResultsDocument:
     """`member` under `workload`: its envelope in virtual time (each request's own acceptance draws on every
-    target), with the workload's bounds checked."""
+    target), with the workload's bounds checked; `taught`: specgate's policy starts knowing its servers' curves."""
     profile = member.profile()
     settings = workload.settings(profile, member.groups, scale, seed)
     with tempfile.TemporaryDirectory(prefix="vnode-family-") as tmp:
         spec = EnvelopeSpec(Hardware(member.groups, profile.num_gpus), settings, BASE_PROFILE, member.write(Path(tmp)),
-                            policy_params=policy_params or {}, bounds=workload.bounds, draws="request")
+                            policy_params=policy_params or {}, bounds=workload.bounds, draws="request", taught=taught)
         return run_envelope(spec)
 
 
 def run_cell(
-    member: Member, workload: Workload, scale: Scale = Scale(), seed: int = 0, policy_params: dict[str, object] | None = None
+    member: Member, workload: Workload, scale: Scale = Scale(), seed: int = 0, policy_params: dict[str, object] | None = None,
+    taught: bool = False,
 ) -> Cell:
     """`cell_document`'s verdict, and how long it took."""
     began = time.perf_counter()  # the run's cost, reported; nothing in the model reads it
-    doc = cell_document(member, workload, scale, seed, policy_params)
+    doc = cell_document(member, workload, scale, seed, policy_params, taught)
     assert doc.envelope is not None
     return Cell(member.name, workload.name, doc.envelope.checks, time.perf_counter() - began)
 
 
-def _run(task: tuple[str, str, Scale, int, dict[str, object]]) -> Cell:
-    name, workload, scale, seed, params = task
-    return run_cell(Member.parse(name), WORKLOADS[workload], scale, seed, params)
+def _run(task: tuple[str, str, Scale, int, dict[str, object], bool]) -> Cell:
+    name, workload, scale, seed, params, taught = task
+    return run_cell(Member.parse(name), WORKLOADS[workload], scale, seed, params, taught)
 
 
 def run_family(
@@ -181,9 +183,10 @@ def run_family(
     seed: int = 0,
     jobs: int = 1,
     policy_params: dict[str, object] | None = None,
+    taught: bool = False,
 ) -> list[Cell]:
     """Every member under every workload, in `jobs` processes; cells in (member, workload) order."""
-    tasks = [(m.name, w, scale, seed, dict(policy_params or {})) for m in members for w in workloads]
+    tasks = [(m.name, w, scale, seed, dict(policy_params or {}), taught) for m in members for w in workloads]
     if jobs <= 1:
         return [_run(task) for task in tasks]
     with ProcessPoolExecutor(max_workers=jobs) as pool:

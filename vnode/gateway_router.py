@@ -40,6 +40,9 @@ from vnode.requests import Request
 from vnode.router import DrainLook, Refused
 
 
+TEACH_RESPONSES = 4  # `GatewayRouter.teach`'s responses per load: enough for a band to be a point of a curve
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """One backend as the gateway lists it: its name, kind and GPU group."""
@@ -105,6 +108,27 @@ class GatewayRouter:
         self._cores = tuple(cores)
         self._next_poll = None
         self._poll(0.0)
+
+    def teach(self, prompt_tokens: int, output_tokens: int) -> None:
+        """A what-if: the policy starts knowing each server's curve. Every backend's policy sees, as completions of
+        requests of `prompt_tokens` and `output_tokens` alone on their group, `TEACH_RESPONSES` responses at each
+        load a quarter octave apart from one to its engine's running cap, heaviest first; each one's time per
+        token is its engine's decode steps at that load plus, once in its life, the prefill of each request
+        decoding beside it (an open loop's steady state). Needs `engines_attached` first."""
+        for backend, core in zip(self.pool, self._cores, strict=True):
+            table = core.table
+            cap = table.max_running_requests
+            for n in sorted({min(cap, round(2 ** (i / 4))) for i in range(4 * cap.bit_length() + 1)}, reverse=True):
+                steps = (output_tokens - 1) / table.tokens_per_step(n)
+                prefill = table.prefill_ms_per_token * prompt_tokens
+                decode = (steps * table.step_ms(n) + n * prefill) / 1000.0
+                completion = Completion(
+                    backend.name, output_tokens, ttft=(prefill + table.step_ms(n)) / 1000.0, decode_seconds=decode,
+                    mean_inflight=float(n), mean_group_inflight=float(n), token_chunks=1 + round(steps),
+                    prompt_tokens=prompt_tokens,
+                )
+                for _ in range(TEACH_RESPONSES):
+                    self.policy.observe(completion)
 
     def _poll(self, now: float) -> None:
         if not self._cores or (self._next_poll is not None and now < self._next_poll):

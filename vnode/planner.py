@@ -38,7 +38,7 @@ from loadtest.stats import LevelStats
 from loadtest.sweep import SweepSettings
 from loadtest.verdicts import Comparison
 from loadtest.workloads.lengths import LengthDist
-from vnode.envelope import QuietProgress, level_plans, sweep_target
+from vnode.envelope import CHAT_TEMPLATE_TOKENS, QuietProgress, level_plans, sweep_target
 from vnode.targets import Draws, TargetSpec, same_hardware_targets
 
 DEFAULT_KV_SHARES = (0.5, 0.75)  # the launcher's even split first, then EAGLE at three quarters of the KV room
@@ -235,7 +235,7 @@ def _memory(slots: Sequence[ServerSlot]) -> tuple[ServerMemory, ...]:
 
 def capacity(profile: Profile, servers: int, settings: SweepSettings) -> float:
     """Requests/s at most `servers` servers of the profile's faster-saturating role carry on the workload's mean lengths."""
-    out, prompt = _mean(settings.lengths, settings.output_len), _mean(settings.lengths, settings.input_len) + 7
+    out, prompt = _mean(settings.lengths, settings.output_len), _mean(settings.lengths, settings.input_len) + CHAT_TEMPLATE_TOKENS
     best = max(profile.closed_loop_throughput(role, profile.role(role).max_running_requests, round(out), round(prompt))
                for role in ("plain", "eagle"))
     return servers * best / out

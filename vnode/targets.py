@@ -65,13 +65,17 @@ class TargetSpec:
     gateway: Gateway | None = None
     smg: SmgSettings | None = None
 
-    def node(self, events: EventQueue, router: Router | None = None, draws: Draws = "server", hop: float = 0.0) -> Node:
+    def node(
+        self, events: EventQueue, router: Router | None = None, draws: Draws = "server", hop: float = 0.0,
+        taught: tuple[int, int] | None = None,
+    ) -> Node:
         """A fresh node of this target on `events`' clock: idle servers, empty caches, a policy that knows nothing.
 
         `router` replaces the target's own (the balancer, or specgate's gateway); `draws`: "server", the
         simulator's own acceptance draws, or "request", each request's own (`vnode.draws`); `hop`: seconds
         between the clients and the servers, each way (`vnode.node`), which specgate's gateway's TTFTs span
-        (`vnode.gateway_router`).
+        (`vnode.gateway_router`); `taught`: (prompt, output tokens) for specgate's policy to start knowing its
+        servers' curves at those lengths (`GatewayRouter.teach`, a what-if; baselines ignore it).
         """
         profile = _profile(self.sim)
         slots = plan_layout(self.sim, profile)
@@ -90,6 +94,8 @@ class TargetSpec:
             node.add_server(Server(name, core, gpu, node.deliver))
         if isinstance(router, GatewayRouter):
             router.engines_attached(cores)
+            if taught is not None:
+                router.teach(*taught)
         return node
 
     def _router(self, names: list[str], clock: Callable[[], float], cores: list[EngineCore], hop: float) -> Router:

@@ -80,6 +80,7 @@ def test_the_command_reads_sweep_files_in_pairs(tmp_path: Path) -> None:
     assert "before.json -> after.json: 1 -> 1 of 3 cells meet every bound" in result.output
     assert "  - lost: b closed" in result.output and "a closed throughput_ratio: 0.900 -> 0.990" in result.output
     text = report.read_text()
-    assert text.startswith("# Family sweeps compared") and "python -m vnode family-compare" in text
+    assert text.startswith("# Family sweeps compared")
+    assert f"python -m vnode family-compare --threshold 0.02 --markdown {report} {before} {after}`" in text  # replayable
     odd = CliRunner().invoke(main, ["family-compare", str(before)])
     assert odd.exit_code == 2 and "sweeps come in pairs" in odd.output
