@@ -21,27 +21,30 @@ def test_strays_with_output_to_come_follow_a_switch_to_plain() -> None:
     # Two EAGLE requests and the new plain one: at 3 in flight field-8gpu's plain decodes about 2 ms a token faster.
     group = [eagle(inflight=2), plain(inflight=1)]
     strays = [Stray("near-done", "eagle-g0", 4.0, 300.0), Stray("long", "eagle-g0", 200.0, 300.0)]
-    assert moves(group, False, strays, CHEAP) == ["long"]
+    assert moves(group, False, strays, CHEAP, 3.0) == ["long"]
     # A dearer prefill than the remaining output saves keeps it where it is.
-    assert moves(group, False, strays, 5.0) == []
+    assert moves(group, False, strays, 5.0, 3.0) == []
 
 
 def test_strays_follow_a_switch_to_speculation_where_it_is_faster() -> None:
     group = [eagle(inflight=1, line=LLAMA_E), plain(inflight=2, line=LLAMA_P)]
     strays = [Stray("a", "plain-g0", 100.0, 200.0), Stray("b", "plain-g0", 300.0, 200.0)]
-    assert moves(group, True, strays, CHEAP) == ["b", "a"]  # the most output to come first
+    assert moves(group, True, strays, CHEAP, 3.0) == ["b", "a"]  # the most output to come first
 
 
-def test_nothing_moves_to_a_mode_no_faster_at_the_groups_load() -> None:
+def test_nothing_moves_to_a_mode_no_faster_at_the_load_the_switch_was_priced_at() -> None:
     # At one request in flight field-8gpu's EAGLE is the faster: a stray does not move to plain.
     group = [eagle(inflight=1, line=FIELD_E), plain(inflight=0, line=FIELD_P)]
-    assert moves(group, False, [Stray("x", "eagle-g0", 500.0, 10.0)], CHEAP) == []
+    stray = [Stray("x", "eagle-g0", 500.0, 10.0)]
+    assert moves(group, False, stray, CHEAP, 1.0) == []
+    # A switch priced at a forecast of 3 over the next life, where plain is faster, takes it along.
+    assert moves(group, False, stray, CHEAP, 3.0) == ["x"]
 
 
 def test_a_capped_mode_server_takes_no_more() -> None:
     group = [eagle(inflight=2, line=LLAMA_E, cap=3), plain(inflight=3, line=LLAMA_P)]
     strays = [Stray(k, "plain-g0", 300.0, 10.0) for k in ("a", "b", "c")]
-    assert len(moves(group, True, strays, CHEAP)) == 1
+    assert len(moves(group, True, strays, CHEAP, 5.0)) == 1
 
 
 def test_only_a_group_switch_may_move_and_the_config_can_turn_it_off() -> None:

@@ -178,6 +178,10 @@ class AdaptivePolicy(Policy):
         self._drained: set[str] = set()  # plain servers whose group's streams went to EAGLE in a drain (rule 9)
         self._speculated_at: float | None = None  # the last routing that sent a group to speculation (rules: a trial)
         self._trial: tuple[str, float] | None = None  # the group in a reach trial, and since when
+        # The group the latest switch turned and the load it was priced at (rule 1's L): its strays are
+        # judged at that load, or a switch priced at a forecast above the in-flight count could find its
+        # mode slower for every stray and leave the modes mixed.
+        self._switched: tuple[str, float] = ("", 0.0)
         self._live: Callable[[], PoolSnapshot] | None = None
         self.lane = TierLane(tiers)
 
@@ -261,6 +265,8 @@ class AdaptivePolicy(Policy):
         chosen = snapshot.get(decision.decodes_on)
         self._last[chosen.group] = f"{decision.decodes_on}: {decision.label}"
         self.lane.routed(decision.tier)
+        if decision.reason == GROUP_SWITCH:  # read before the arrival moves the forecast
+            self._switched = (chosen.group, max(snapshot.group_inflight(chosen) + 1.0, self._group_loads(snapshot)[0]))
         self._forecast.arrived(snapshot.at, snapshot.total_inflight)
         self._arrival_output = self._mean_output
         sizes = Counter(v.group for v in snapshot.backends)
@@ -315,7 +321,11 @@ class AdaptivePolicy(Policy):
         if len(kinds) < 2:
             return []
         states = [self._state(v, outlooks[v.name], kinds) for v in members]
-        return stray_moves(states, target.speculative, self._priced(states, strays, target.name), self._prefill.get(target.speculative, 0.0))
+        group, load = self._switched
+        if group != target.group:  # not this decision's switch (a caller asking out of turn): the load now
+            load = float(sum(v.inflight for v in members))
+        return stray_moves(states, target.speculative, self._priced(states, strays, target.name),
+                           self._prefill.get(target.speculative, 0.0), load)
 
     def drain_mark(self, at: float) -> DrainMark | None:
         """Rule 9's look `DRAIN_WAIT` of a mean life after a response ends, once a life is known."""

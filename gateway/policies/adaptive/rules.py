@@ -417,19 +417,19 @@ class Stray:
     reprefill: float  # tokens the group's mode server would prefill to take it over: its prompt's uncached part and its output so far
 
 
-def moves(members: Sequence[BackendState], mode: bool, strays: Sequence[Stray], prefill: float) -> list[str]:
+def moves(members: Sequence[BackendState], mode: bool, strays: Sequence[Stray], prefill: float, load: float) -> list[str]:
     """Which strays of a co-located group that has just switched to `mode` move to the mode's server
     (the keys, the most output still to come first).
 
-    A stray moves when, at the group's load, the mode decodes faster than the kind it runs on and the
-    time its remaining output saves pays for its re-prefill on the mode's server (`prefill` seconds a
-    token), which stalls that server's requests as long. Moving also ends the stray's steps beside the
-    mode's, which is not counted: the price is a floor on the gain.
+    A stray moves when, at `load` (the load the switch was priced at, rule 1's L: its in-flight count,
+    or the load forecast over the next life where that is higher), the mode decodes faster than the
+    kind it runs on and the time its remaining output saves pays for its re-prefill on the mode's
+    server (`prefill` seconds a token), which stalls that server's requests as long. Moving also ends
+    the stray's steps beside the mode's, which is not counted: the price is a floor on the gain.
     """
     target = next((b for b in members if b.speculative == mode), None)
     if target is None or target.line is None or not target.available:
         return []
-    load = float(sum(b.inflight for b in members))
     chosen: list[str] = []
     joined = target.inflight
     for stray in sorted(strays, key=lambda s: -s.remaining):
@@ -458,7 +458,7 @@ def drain(members: Sequence[BackendState], strays: Sequence[Stray], prefill: flo
         return []
     if room and sum(s.reprefill + s.remaining for s in strays) > room:
         return []
-    chosen = moves(members, True, strays, DRAIN_PRICE * prefill)
+    chosen = moves(members, True, strays, DRAIN_PRICE * prefill, float(sum(b.inflight for b in members)))
     return chosen if len(chosen) == len(strays) else []
 
 
