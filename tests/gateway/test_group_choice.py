@@ -98,13 +98,18 @@ def test_a_switch_is_priced_against_the_requests_it_strands() -> None:
     assert choose(young, {"g0": GroupState(6.0)}) == ("plain-g0", "adaptive_group_switch")
 
 
-def test_a_request_is_priced_beside_the_other_modes_requests() -> None:
-    # g0's one EAGLE request is nearly done and g0 would switch, but the new plain request would take
-    # turns with its steps until it ends: g1, already plain with three, serves it faster.
+def test_a_switch_is_priced_as_the_new_mode_carrying_the_groups_load() -> None:
+    # Lines crossing at 3 requests (tau 3), 8 expected per group: g0 speculates with four streams and would
+    # switch, g1 already decodes six plain. The switch moves g0's streams to plain (rule 7): 5 there, 5.0 ms
+    # against g1's 6.0 at 7, and g0 switches. Priced with its four EAGLE streams lasting (18 ms a token),
+    # g1 took every request however many it held.
     e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
-    backends = [eagle("g0", 1, line=e, remaining=0.05), plain("g0", line=p), eagle("g1", line=e), plain("g1", 3, line=p)]
-    state = {"g0": GroupState(4.0, True), "g1": GroupState(4.0, False)}
-    assert choose(backends, state) == ("plain-g1", "adaptive_predicted_faster")
+    backends = [eagle("g0", 4, line=e), plain("g0", line=p), eagle("g1", line=e), plain("g1", 6, line=p)]
+    state = {"g0": GroupState(8.0, True), "g1": GroupState(8.0, False)}
+    assert choose(backends, state) == ("plain-g0", "adaptive_group_switch")
+    # Where streams do not move, they decode beside the switch until they end (a third of its life
+    # here: 8.0 ms a token), and g1 serves it.
+    assert choose(backends, state, strays_follow=False) == ("plain-g1", "adaptive_predicted_faster")
 
 
 def test_requests_beside_a_groups_mode_do_not_draw_the_next_one_beside_them() -> None:

@@ -1,5 +1,6 @@
 """A gateway that starts under load (benchmarks/cold_start.py): EAGLE, measured on lone requests only, is
-tried at the load the groups carry (a reach trial) and taken where it is faster there."""
+tried at the load the groups carry (a reach trial) and taken where it is faster there; a trial holds until
+EAGLE is read there, and ends where it falls behind that load."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import gateway.policies.adaptive.policy as adaptive
 from benchmarks.cold_start import cell
 from benchmarks.real_traffic import MACHINES, capacity, level_at, settings_for, spec
 from vnode.envelope import run_envelope
+from vnode.family import Member
+from vnode.family_sweep import WORKLOADS, cell_document
 
 LLAMA8B_K8 = 1  # benchmarks.real_traffic.MACHINES: llama8b-h100, 8 co-located groups of one GPU
 FIELD_K1 = 0  # ... field-8gpu, one co-located pair on 8 GPUs
+H200_K8 = 2  # ... h200-llama8b, 8 co-located groups of one GPU
 REQUESTS = 1024  # about 10 mean lives at half of plain-dp's capacity: the trial comes after 4
 
 
@@ -46,3 +50,33 @@ def test_a_gateway_restarted_at_peak_with_nothing_measured_does_not_pile_request
     assert specgate.failed == 0
     assert specgate.e2e.p50 < 1.1 * plain.e2e.p50
     assert specgate.output_tok_s > 0.97 * plain.output_tok_s
+
+
+def test_a_reach_trial_that_falls_behind_its_load_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    # x2-s1.2-line-k2 under the rate step: both groups turn plain as the rate rises (past 2 requests EAGLE's
+    # step grows about 50% a request), and with nothing speculating a group tries EAGLE beside its plain
+    # streams. Its EAGLE responses are not read beside them, and they drain slower with every request
+    # EAGLE's steps take on: held unread, the trial group's load grew sixfold and E2E p99 reached 10x the
+    # best baseline's. Ended once its load doubles, the level's slowest requests are a fraction of that.
+    def worst_p99() -> float:
+        (level,) = cell_document(Member.parse("x2-s1.2-line-k2"), WORKLOADS["step"]).levels
+        assert level.targets["specgate"].stats.failed == 0
+        return float(level.ratios["e2e_p99_ratio"])
+
+    ended = worst_p99()
+    monkeypatch.setattr(adaptive, "TRIAL_GROWTH", math.inf)
+    held = worst_p99()
+    assert ended < 0.5 * held
+
+
+def test_a_reach_trial_holds_until_eagle_is_read_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At a level's start the mean life is read from its first short answers (about 40 ms at 90% load on
+    # h200-llama8b): a trial held that many lives ended before any EAGLE response was read, its group turned
+    # back to plain, and the next trial waited 4 lives more.
+    held = cell(H200_K8, "random", 0.9, REQUESTS)
+    monkeypatch.setattr(adaptive, "TRIAL_UNREAD_LIVES", adaptive.TRIAL_HOLD_LIVES)
+    timed = cell(H200_K8, "random", 0.9, REQUESTS)
+    assert held["targets"]["specgate"]["speculated"] > 0.4
+    assert timed["targets"]["specgate"]["speculated"] < 0.5 * held["targets"]["specgate"]["speculated"]
+    assert held["ratios"]["e2e_p50_ratio"] < timed["ratios"]["e2e_p50_ratio"]
+    assert held["targets"]["specgate"]["failed"] == 0

@@ -65,9 +65,11 @@ def key(c: Completion) -> tuple[str, float, float]:
 
 
 def specgate_of(settings: SweepSettings) -> TargetSpec:
-    """specgate on two co-located groups of 4 field-8gpu GPUs."""
+    """specgate on two co-located groups of 4 field-8gpu GPUs, moving no stream (a moved stream's response is
+    learned from its last segment, which a slot per request does not follow)."""
     hardware = Hardware(2, 4, eagle_mem_fraction=0.4)
-    _, targets = same_hardware_targets("field-8gpu", None, hardware, settings, QuietProgress())
+    _, targets = same_hardware_targets("field-8gpu", None, hardware, settings, QuietProgress(),
+                                       policy_params={"adaptive_move_running": False})
     return next(t for t in targets if t.name == SUBJECT)
 
 

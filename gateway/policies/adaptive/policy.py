@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import PolicyConfig
@@ -104,10 +104,16 @@ DRAIN_WAIT = 1.0 / 32.0
 # After this many mean lives with no request sent to speculation, one group of several tries it (a reach
 # trial: `rules._reach_trial`) ...
 TRIAL_LIVES = 4.0
-# ... for at most this many lives: its plain streams drain in the first, then its EAGLE responses are points
-# of EAGLE's curve at the group's load, and the rules decide as usual. A single group is never tried: the
-# trial would be the whole node's.
+# ... for this many lives once EAGLE's curve has taken a point there: its plain streams drain in the first,
+# then its EAGLE responses are points of EAGLE's curve at the group's load, and the rules decide as usual.
+# A single group is never tried: the trial would be the whole node's.
 TRIAL_HOLD_LIVES = 4.0
+# Until that point, for up to this many (a mean life read early in a level, from its first short answers,
+# ended trials before any), unless its in-flight count passes this many times the load it began at: then
+# it is falling behind, not measuring (beside its plain streams its EAGLE responses are not read, and those
+# streams drain slower with every request EAGLE's steps take on).
+TRIAL_UNREAD_LIVES = 8.0
+TRIAL_GROWTH = 2.0
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
 _NOT_A_MODE = (
@@ -177,7 +183,7 @@ class AdaptivePolicy(Policy):
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._drained: set[str] = set()  # plain servers whose group's streams went to EAGLE in a drain (rule 9)
         self._speculated_at: float | None = None  # the last routing that sent a group to speculation (rules: a trial)
-        self._trial: tuple[str, float] | None = None  # the group in a reach trial, and since when
+        self._trial: _Trial | None = None
         # The group the latest switch turned and the load it was priced at (rule 1's L): its strays are
         # judged at that load, or a switch priced at a forecast above the in-flight count could find its
         # mode slower for every stray and leave the modes mixed.
@@ -253,7 +259,7 @@ class AdaptivePolicy(Policy):
             harm = least_harm(snapshot, states, self.slo_tpot)
             if harm is not None:
                 return harm
-        name, reason = choose_group(states, self._groups(snapshot), self._prompt_cost(available, prompt))
+        name, reason = choose_group(states, self._groups(snapshot), self._prompt_cost(available, prompt), strays_follow=self.move_running)
         if reason == "adaptive_predicted_faster" and capped and self._capped_was_faster(states, name):
             reason = "adaptive_cap"
         return name, reason
@@ -273,7 +279,7 @@ class AdaptivePolicy(Policy):
         if self._speculated_at is None or (chosen.speculative and decision.reason not in _NOT_A_MODE):
             self._speculated_at = snapshot.at  # since the first routing: a trial waits on a whole wait
         if decision.reason == REACH_TRIAL and self._trial is None:
-            self._trial = (chosen.group, snapshot.at)
+            self._trial = _Trial(chosen.group, snapshot.at, snapshot.group_inflight(chosen) + 1.0)
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
             if chosen.speculative:  # the drained streams are where the group's new requests go
@@ -383,6 +389,7 @@ class AdaptivePolicy(Policy):
             return  # the other server's steps were interleaved with these
         tokens = progress.chunks * arm.tau
         arm.estimator.observe(progress.mean_inflight, progress.seconds / tokens, max(round(tokens), 1))
+        self._read(arm)
 
     def observe(self, completion: Completion) -> None:
         arm = self._arms.get(completion.backend)
@@ -413,6 +420,7 @@ class AdaptivePolicy(Policy):
             self._judge_probe(arm, taught_nothing=abs(tpot / arm.estimator.predict(n) - 1.0) <= PROBE_AGREEMENT)
         relearns = arm.estimator.relearns
         arm.estimator.observe(n, tpot, tokens)
+        self._read(arm)
         if arm.estimator.relearns > relearns:  # this backend changed: the comparison is open again
             for each in self._arms.values():
                 each.probe_interval = self.probe_every
@@ -427,6 +435,12 @@ class AdaptivePolicy(Policy):
             return
         arm.learn_tau(reading.tokens, reading.request_steps)
         arm.estimator.observe(reading.batch, reading.tpot, reading.tokens)
+        self._read(arm)
+
+    def _read(self, arm: Arm) -> None:
+        """`arm`'s curve took a point: a reach trial on its group has measured EAGLE there."""
+        if self._trial is not None and arm.speculative and arm.group == self._trial.group:
+            self._trial.measured = True
 
     def predicted_tpot(self, snapshot: PoolSnapshot, backend: str) -> float | None:
         """Its fitted TPOT for one more request on `backend`'s group at `snapshot`'s load (as `beliefs`)."""
@@ -492,7 +506,7 @@ class AdaptivePolicy(Policy):
             "prefix_hit_share": self._hit_share,
             "mean_output_tokens": self._mean_output,
             "prefix_reuse": self._reuse(),
-            "reach_trial": {"group": self._trial[0], "since": self._trial[1]} if self._trial is not None else None,
+            "reach_trial": vars(self._trial).copy() if self._trial is not None else None,
         }
         if snapshot is not None:
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
@@ -709,16 +723,21 @@ class AdaptivePolicy(Policy):
         return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying) for v in snapshot.backends}
 
     def _trying(self, snapshot: PoolSnapshot) -> set[str]:
-        """The groups that may be in a reach trial now: the one in it, else every group once speculation has
-        had no request for `TRIAL_LIVES` lives (the first routed there starts it), else none."""
+        """The groups that may be in a reach trial now: the one in it (`TRIAL_HOLD_LIVES` lives, or before EAGLE's
+        curve took a point there `TRIAL_UNREAD_LIVES` while its load stays within `TRIAL_GROWTH` times the load
+        it began at), else every group once speculation has had no request for `TRIAL_LIVES` lives (the first
+        routed there starts it), else none."""
         life = self._forecast.life
         groups = {v.group for v in snapshot.backends}
         if len(groups) < 2 or life <= 0.0:
             return set()
         if self._trial is not None:
-            group, since = self._trial
-            if snapshot.at - since < TRIAL_HOLD_LIVES * life:
-                return {group}
+            trial = self._trial
+            load = sum(v.inflight for v in snapshot.backends if v.group == trial.group)
+            behind = not trial.measured and load > TRIAL_GROWTH * trial.load
+            lives = TRIAL_HOLD_LIVES if trial.measured else TRIAL_UNREAD_LIVES
+            if snapshot.at - trial.since < lives * life and not behind:
+                return {trial.group}
             self._trial = None
         starved = self._speculated_at is not None and snapshot.at - self._speculated_at >= TRIAL_LIVES * life
         return groups if starved else set()
@@ -745,6 +764,17 @@ class AdaptivePolicy(Policy):
 
     def _spec_factor(self, arm: Arm) -> float:
         return self._factor(bool(arm.speculative), arm.estimator.evidence)
+
+
+@dataclass
+class _Trial:
+    """A reach trial: its group, when it began and the group's in-flight count then, and whether EAGLE's curve
+    has taken a point from the group's EAGLE server since."""
+
+    group: str
+    since: float
+    load: float
+    measured: bool = False
 
 
 def _waiting_for_room(available: list[BackendView], prompt: Prompt | None, mean_output: float) -> set[str]:

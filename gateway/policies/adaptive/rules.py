@@ -119,11 +119,17 @@ class PromptCost:
 
 
 def choose(
-    backends: Sequence[BackendState], groups: Mapping[str, GroupState] | None = None, prompt: PromptCost | None = None
+    backends: Sequence[BackendState],
+    groups: Mapping[str, GroupState] | None = None,
+    prompt: PromptCost | None = None,
+    *,
+    strays_follow: bool = True,
 ) -> tuple[str, str]:
     """The backend for one request and the reason label; see the module docstring for the rule.
 
     `groups` holds each group's expected load and mode; a group missing from it has neither yet.
+    `strays_follow`: a group's switch moves its old mode's streams to the new one (`moves`), so a switch
+    is priced as the new mode carrying the group's load; without, they stay there until they end.
     With `prompt`, each option is priced at its prefill plus its decode of the expected output, for this
     request and the later ones building on it (those at the mean price of that kind of placement over
     the groups, moved towards its own by the share of its load that lasts until they come), and the
@@ -142,7 +148,7 @@ def choose(
     by_group: dict[str, list[BackendState]] = {}
     for b in available:
         by_group.setdefault(b.group, []).append(b)
-    options = [opt for name, members in by_group.items() if (opt := _group_option(members, known.get(name, GroupState())))]
+    options = [opt for name, members in by_group.items() if (opt := _group_option(members, known.get(name, GroupState()), strays_follow))]
     if not options:  # every backend is at its cap: the least loaded takes the overflow
         least = min(available, key=lambda b: (b.inflight, b.name))
         return least.name, "adaptive_cap"
@@ -245,8 +251,10 @@ def _switch_loss(old: BackendState, new: BackendState, load: float) -> float:
     return old.remaining / old.tau * extra
 
 
-def _group_option(members: list[BackendState], state: GroupState) -> _Option | None:
-    """The best backend of one group for this request, with its predicted TPOT there."""
+def _group_option(members: list[BackendState], state: GroupState, strays_follow: bool) -> _Option | None:
+    """The best backend of one group for this request, with its predicted TPOT there. A switch's strays
+    follow it to the new mode (`strays_follow`) or end beside it: priced as lasting, they made every switch
+    dearer than any load on a group already in the new mode, and one group that switched drew every request."""
     total = sum(b.inflight for b in members)
     open_ = [b for b in members if b.open]
     if not open_:
@@ -270,7 +278,10 @@ def _group_option(members: list[BackendState], state: GroupState) -> _Option | N
             pick, reason = stay, "adaptive_group_stay"
         else:
             reason = GROUP_SWITCH
-    return _Option(pick, reason, _joined_tpot(pick, members), total)
+    if reason == GROUP_SWITCH and strays_follow:
+        moved = replace(pick, inflight=total)
+        return _Option(pick, reason, _joined_tpot(moved, [moved]), total)
+    return _Option(pick, reason, _joined_tpot(pick, members, drain=reason == GROUP_SWITCH), total)
 
 
 def _closed(b: BackendState) -> str:
