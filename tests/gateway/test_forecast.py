@@ -70,6 +70,29 @@ def test_an_open_loop_arrival_meets_the_mean_load_and_adds_itself() -> None:
         assert read == pytest.approx(1.0 + mean, rel=0.1)
 
 
+def test_arrivals_over_a_life_are_met_for_half_of_it() -> None:
+    """A request meets those arriving after it from their arrival on: over its life, half as many as
+    arrive in one, which an arrival meets in flight (Little); a rise adds what it carries ahead."""
+    unknown = LoadForecast()
+    unknown.arrived(0.0, 3)
+    assert unknown.arriving(0.1, 3) == float("inf")  # no life known yet: no rate to read
+    closed = LoadForecast()
+    closed.finished(0.5)
+    closed_loop(closed, 16, 0.0, 3.0)
+    assert closed.arriving(3.0, 15) == pytest.approx(7.5)  # 15 replaced over a life
+    for rate in (0.5, 4.0):
+        opened = LoadForecast()
+        opened.finished(2.0)
+        poisson(opened, rate, 2.0, 2000)
+        assert opened.arriving(2000 / rate, 0) == pytest.approx(rate * 2.0 / 2.0, rel=0.5, abs=0.3)
+    # A step up from a closed loop of 4: six more in flight within 60 ms carry a rise of six ahead.
+    closed_loop(closed, 4, 3.0, 4.0)
+    for k in range(6):
+        closed.arrived(7.0 + 0.01 * (k + 1), 4 + k)
+    rising = closed.arriving(7.07, 10) - 6 * RISE_AHEAD / RISE_WINDOW
+    assert 1.5 <= rising <= 2.5  # the last life's arrivals met 4 to 10 in flight
+
+
 def test_a_light_span_reaches_back_to_the_last_arrivals() -> None:
     """At light load a life holds one arrival or none: the forecast reads the last few instead."""
     forecast = LoadForecast()

@@ -86,6 +86,29 @@ def test_the_group_switches_at_once_when_the_gain_is_large() -> None:
     assert choose(backends, {"g0": GroupState(8.0)}) == ("plain-g0", "adaptive_group_switch")
 
 
+def test_speculation_is_left_only_for_the_load_over_the_new_requests_life() -> None:
+    # A second request beside one EAGLE stream halfway through: plain is faster for two (7.1 against
+    # 7.6 ms), but over the new request's life the first counts for the half it has left and the few
+    # arriving meanwhile (0.2 on average) for their part: 1.7 requests, where EAGLE serves as fast.
+    halfway = [eagle(inflight=1, remaining=0.5), plain()]
+    assert choose(halfway, {"g0": GroupState(2.0, True, arriving=0.2)}) == ("eagle-g0", "adaptive_group_stay")
+    # Before a life is known, nor the arrivals over it: the load now counts, as before.
+    assert choose(halfway, {"g0": GroupState(2.0, True)}) == ("plain-g0", "adaptive_group_switch")
+    # A young stream lasts the whole life: two requests, and the group switches.
+    young = [eagle(inflight=1, remaining=0.95), plain()]
+    assert choose(young, {"g0": GroupState(2.0, True, arriving=0.2)}) == ("plain-g0", "adaptive_group_switch")
+
+
+def test_a_light_group_reads_the_load_the_node_will_send_it() -> None:
+    # Lines crossing at 3 (tau 3). g1 speculates with two nearly finished streams beside g0's six young
+    # plain ones: its own streams last 0.4 of the life, but the node's arrivals go to the lighter group,
+    # so each group meets its share of the node's load, (1 + 5.4 + 0.4) / 2 plus the arrivals: 4.4.
+    e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
+    backends = [eagle("g0", line=e), plain("g0", 6, line=p, remaining=0.9), eagle("g1", 2, line=e, remaining=0.2), plain("g1", line=p)]
+    state = {"g0": GroupState(4.5, False, arriving=1.0), "g1": GroupState(4.5, True, arriving=1.0)}
+    assert choose(backends, state) == ("plain-g1", "adaptive_group_switch")
+
+
 def test_a_switch_is_priced_against_the_requests_it_strands() -> None:
     # Lines crossing at 3 requests (EAGLE 1 + n at tau 3, plain 2.5 + 0.5n): at 3.25 plain is 2% faster.
     e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)

@@ -1,6 +1,6 @@
 """A gateway that starts under load (benchmarks/cold_start.py): EAGLE, measured on lone requests only, is
-tried at the load the groups carry (a reach trial) and taken where it is faster there; a trial holds until
-EAGLE is read there, and ends where it falls behind that load."""
+tried at the load the groups carry (a reach trial) and taken where it is faster there; a trial ends where it
+falls behind that load, and one that ends unread leaves its group speculating where that serves its load."""
 
 from __future__ import annotations
 
@@ -69,14 +69,12 @@ def test_a_reach_trial_that_falls_behind_its_load_ends(monkeypatch: pytest.Monke
     assert ended < 0.5 * held
 
 
-def test_a_reach_trial_holds_until_eagle_is_read_there(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reach_trial_that_ends_unread_leaves_its_group_speculating() -> None:
     # At a level's start the mean life is read from its first short answers (about 40 ms at 90% load on
-    # h200-llama8b): a trial held that many lives ended before any EAGLE response was read, its group turned
-    # back to plain, and the next trial waited 4 lives more.
-    held = cell(H200_K8, "random", 0.9, REQUESTS)
-    monkeypatch.setattr(adaptive, "TRIAL_UNREAD_LIVES", adaptive.TRIAL_HOLD_LIVES)
-    timed = cell(H200_K8, "random", 0.9, REQUESTS)
-    assert held["targets"]["specgate"]["speculated"] > 0.4
-    assert timed["targets"]["specgate"]["speculated"] < 0.5 * held["targets"]["specgate"]["speculated"]
-    assert held["ratios"]["e2e_p50_ratio"] < timed["ratios"]["e2e_p50_ratio"]
-    assert held["targets"]["specgate"]["failed"] == 0
+    # h200-llama8b): a trial held that many lives ends before any EAGLE response is read. Its group is
+    # left on EAGLE, judged at the load its next request meets over its life (rule 2), where turning
+    # back to plain at the in-flight count of the moment had kept the node plain for 4 lives more
+    # (under half as many requests speculating).
+    level = cell(H200_K8, "random", 0.9, REQUESTS)
+    assert level["targets"]["specgate"]["speculated"] > 0.6
+    assert level["targets"]["specgate"]["failed"] == 0

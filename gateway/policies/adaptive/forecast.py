@@ -71,9 +71,16 @@ class LoadForecast:
         now = float(inflight + 1)
         if self.life == 0.0:
             return now
-        # The routings kept are those of the last quarter life as of the latest (`arrived` trims them).
-        rise = max(inflight - self._routed[0][1] - self._batched, 0) if self._routed else 0
-        return max(self._mean(at, self.life), now + rise * RISE_AHEAD / RISE_WINDOW)
+        return max(self._mean(at, self.life), now + self._rise(inflight) * RISE_AHEAD / RISE_WINDOW)
+
+    def arriving(self, at: float, inflight: int) -> float:
+        """Requests arriving over a life from `at` that a request routed now meets, averaged over its life:
+        half the mean count an arrival of the last life found in flight (an open loop's mean in-flight
+        count, a closed loop's concurrency less one: as many arrive over a life, each there from its
+        arrival on), plus the rise the in-flight count is on; infinite before any request finished."""
+        if self.life == 0.0:
+            return math.inf
+        return max(self._mean(at, self.life) - 1.0, 0.0) / 2.0 + self._rise(inflight) * RISE_AHEAD / RISE_WINDOW
 
     def settled(self, at: float, inflight: int) -> float:
         """The mean load over the arrivals of the last `SETTLED_LIVES` lives, or what is there now if more:
@@ -91,6 +98,11 @@ class LoadForecast:
             return 0.0
         gap = (times[-1] - times[-1 - MET_ARRIVALS]) / MET_ARRIVALS
         return (at - times[-1]) / gap if gap > 0.0 else math.inf
+
+    def _rise(self, inflight: int) -> int:
+        """How far the in-flight count rose over the routings kept, those of the last quarter life as of
+        the latest (`arrived` trims them), less the arrivals that came in bursts."""
+        return max(inflight - self._routed[0][1] - self._batched, 0) if self._routed else 0
 
     def _instant(self) -> float:
         """How close together two arrivals of one burst come: `INSTANT_SHARE` of the mean gap between the

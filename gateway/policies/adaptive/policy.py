@@ -104,15 +104,13 @@ DRAIN_WAIT = 1.0 / 32.0
 # After this many mean lives with no request sent to speculation, one group of several tries it (a reach
 # trial: `rules._reach_trial`) ...
 TRIAL_LIVES = 4.0
-# ... for this many lives once EAGLE's curve has taken a point there: its plain streams drain in the first,
-# then its EAGLE responses are points of EAGLE's curve at the group's load, and the rules decide as usual.
-# A single group is never tried: the trial would be the whole node's.
+# ... for this many lives: its plain streams drain in the first, then its EAGLE responses are points of
+# EAGLE's curve at the group's load, and the rules decide as usual. A single group is never tried: the
+# trial would be the whole node's.
 TRIAL_HOLD_LIVES = 4.0
-# Until that point, for up to this many (a mean life read early in a level, from its first short answers,
-# ended trials before any), unless its in-flight count passes this many times the load it began at: then
-# it is falling behind, not measuring (beside its plain streams its EAGLE responses are not read, and those
-# streams drain slower with every request EAGLE's steps take on).
-TRIAL_UNREAD_LIVES = 8.0
+# Before EAGLE's curve has taken a point in its group, a trial ends where the group's in-flight count passes
+# this many times the load it began at: it is falling behind, not measuring (beside its plain streams its
+# EAGLE responses are not read, and those streams drain slower with every request EAGLE's steps take on).
 TRIAL_GROWTH = 2.0
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
@@ -168,7 +166,7 @@ class AdaptivePolicy(Policy):
         self._forecast = LoadForecast()  # the load over the next request life
         self._kinds = KindCurves()  # each kind's pooled curve
         self._scaled: tuple[int, dict[bool, Curve]] = (-1, {})  # ... as the rules see it, for a generation of them
-        self._loads: tuple[PoolSnapshot | None, tuple[float, float]] = (None, (0.0, 0.0))  # `_group_loads`' last reading
+        self._loads: tuple[PoolSnapshot | None, tuple[float, float, float]] = (None, (0.0, 0.0, 0.0))  # `_group_loads`' last reading
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
         self._engine_prefill = EnginePrefill()  # ... as the engines count their prefill steps
         self._streamed = self._unstreamed = 0  # responses seen, streamed and not
@@ -607,7 +605,7 @@ class AdaptivePolicy(Policy):
         """A probe must measure the backend on its own: its group idle (a co-located partner's steps
         would be interleaved with the probe's) and not in a busy spell, and EAGLE within its cap."""
         shared = sum(v.group == view.group for v in snapshot.backends) > 1
-        quiet = not shared or max(self._group_loads(snapshot)) < PROBE_MAX_LOAD
+        quiet = not shared or max(self._group_loads(snapshot)[:2]) < PROBE_MAX_LOAD
         return self._open(view) and snapshot.group_inflight(view) == 0 and quiet
 
     def _cold(
@@ -705,28 +703,28 @@ class AdaptivePolicy(Policy):
         held = self._hit_share
         return REUSE_HORIZON if held >= REUSE_HORIZON / (1.0 + REUSE_HORIZON) else held / (1.0 - held)
 
-    def _group_loads(self, snapshot: PoolSnapshot) -> tuple[float, float]:
-        """The load each group is expected to carry over the next request life, and the load each has
-        been carrying over the last few: the node's forecast and settled load over its groups (read
-        once per snapshot)."""
+    def _group_loads(self, snapshot: PoolSnapshot) -> tuple[float, float, float]:
+        """The load each group is expected to carry over the next request life, the load each has
+        been carrying over the last few, and the requests expected to arrive at each over the next life:
+        the node's forecast, settled load and arrivals over its groups (read once per snapshot)."""
         read_on, loads = self._loads
         if read_on is not snapshot:
             groups = len({v.group for v in snapshot.backends if v.available}) or 1
             reading = (snapshot.at, snapshot.total_inflight)
-            loads = (self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups)
+            loads = (self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups, self._forecast.arriving(*reading) / groups)
             self._loads = (snapshot, loads)
         return loads
 
     def _groups(self, snapshot: PoolSnapshot) -> dict[str, GroupState]:
-        load, settled = self._group_loads(snapshot)
+        load, settled, arriving = self._group_loads(snapshot)
         trying = self._trying(snapshot)
-        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying) for v in snapshot.backends}
+        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving) for v in snapshot.backends}
 
     def _trying(self, snapshot: PoolSnapshot) -> set[str]:
-        """The groups that may be in a reach trial now: the one in it (`TRIAL_HOLD_LIVES` lives, or before EAGLE's
-        curve took a point there `TRIAL_UNREAD_LIVES` while its load stays within `TRIAL_GROWTH` times the load
-        it began at), else every group once speculation has had no request for `TRIAL_LIVES` lives (the first
-        routed there starts it), else none."""
+        """The groups that may be in a reach trial now: the one in it (`TRIAL_HOLD_LIVES` lives, while its load
+        stays within `TRIAL_GROWTH` times the load it began at until EAGLE's curve took a point there), else
+        every group once speculation has had no request for `TRIAL_LIVES` lives (the first routed there
+        starts it), else none."""
         life = self._forecast.life
         groups = {v.group for v in snapshot.backends}
         if len(groups) < 2 or life <= 0.0:
@@ -735,8 +733,7 @@ class AdaptivePolicy(Policy):
             trial = self._trial
             load = sum(v.inflight for v in snapshot.backends if v.group == trial.group)
             behind = not trial.measured and load > TRIAL_GROWTH * trial.load
-            lives = TRIAL_HOLD_LIVES if trial.measured else TRIAL_UNREAD_LIVES
-            if snapshot.at - trial.since < lives * life and not behind:
+            if snapshot.at - trial.since < TRIAL_HOLD_LIVES * life and not behind:
                 return {trial.group}
             self._trial = None
         starved = self._speculated_at is not None and snapshot.at - self._speculated_at >= TRIAL_LIVES * life

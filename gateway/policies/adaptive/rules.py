@@ -2,21 +2,22 @@
 
 A group is GPUs running one EAGLE-3 and one plain server co-located (their steps take turns) or one
 server alone (partitioned). Per backend: its TPOT curve, in-flight count, tau and the share of its
-in-flight output still to come; per group the load expected over the next request life, the load it
-has been carrying (settled) and the mode its requests last went to. `choose`, reasons in brackets:
-(1) a co-located group runs the mode serving its expected load `L = max(n_group + 1, expected)`
+in-flight output still to come; per group its expected, settled and arriving loads and its mode.
+`choose`, reasons in brackets: (1) a co-located group runs the mode serving its expected load `L = max(n_group + 1, expected)`
 fastest [`adaptive_predicted_faster`]; (2) it changes mode only when the gain over a few lives pays
 for the requests a switch strands in the old mode (both servers' steps every round until they
-drain) [`adaptive_group_switch`, else `adaptive_group_stay`], and it turns to speculation only when
-that also holds at its settled load and within the load EAGLE was measured at, or in a trial past it
-[`adaptive_reach_trial`]; (3) the request goes to the group where it would decode fastest, priced at
-the round it joins (its server's step plus the other server's, if that one has requests); (4) a
-capped backend gets nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]. Every price
-counts the wait for KV room (`BackendState.room`). Derivation and measures: docs/adaptive.md.
+drain) [`adaptive_group_switch`, else `adaptive_group_stay`], leaves speculation only for a gain
+at the load the request meets over its life too, and turns to speculation only for one at its settled
+load too, within the load EAGLE was measured at or in a trial past it [`adaptive_reach_trial`]; (3)
+the request goes to the group where it would decode fastest, priced at the round it joins (its
+server's step plus the other server's, if that one has requests); (4) a capped backend gets nothing
+[`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]. Every price counts the wait for KV room
+(`BackendState.room`). Derivation and measures: docs/adaptive.md.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -90,6 +91,7 @@ class GroupState:
     mode: bool | None = None  # speculative?
     settled: float = 0.0  # its mean load over the last few lives: speculation resumes only when that is light too
     trial: bool = False  # it may try speculation past EAGLE's reach, or is trying it (`_reach_trial`)
+    arriving: float = math.inf  # requests expected to arrive at it over the next request life (inf: not known)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ def choose(
     by_group: dict[str, list[BackendState]] = {}
     for b in available:
         by_group.setdefault(b.group, []).append(b)
-    options = [opt for name, members in by_group.items() if (opt := _group_option(members, known.get(name, GroupState()), strays_follow))]
+    present = (1.0 + sum(b.inflight * _left(b) for b in available)) / len(by_group)
+    options = [opt for name, members in by_group.items() if (opt := _group_option(members, known.get(name, GroupState()), present, strays_follow))]
     if not options:  # every backend is at its cap: the least loaded takes the overflow
         least = min(available, key=lambda b: (b.inflight, b.name))
         return least.name, "adaptive_cap"
@@ -251,7 +254,7 @@ def _switch_loss(old: BackendState, new: BackendState, load: float) -> float:
     return old.remaining / old.tau * extra
 
 
-def _group_option(members: list[BackendState], state: GroupState, strays_follow: bool) -> _Option | None:
+def _group_option(members: list[BackendState], state: GroupState, present: float, strays_follow: bool) -> _Option | None:
     """The best backend of one group for this request, with its predicted TPOT there. A switch's strays
     follow it to the new mode (`strays_follow`) or end beside it: priced as lasting, they made every switch
     dearer than any load on a group already in the new mode, and one group that switched drew every request."""
@@ -274,7 +277,9 @@ def _group_option(members: list[BackendState], state: GroupState, strays_follow:
         stay = next(b for b in members if b.speculative == mode)
         if not stay.open:
             pick, reason = best, _closed(stay)
-        elif not _worth_switching(stay, best, load) or (best.speculative and not _may_speculate(stay, best, load, state)):
+        elif not _worth_switching(stay, best, min(load, present + state.arriving) if stay.speculative else load) or (
+            best.speculative and not _may_speculate(stay, best, load, state)
+        ):
             pick, reason = stay, "adaptive_group_stay"
         else:
             reason = GROUP_SWITCH
@@ -282,6 +287,12 @@ def _group_option(members: list[BackendState], state: GroupState, strays_follow:
         moved = replace(pick, inflight=total)
         return _Option(pick, reason, _joined_tpot(moved, [moved]), total)
     return _Option(pick, reason, _joined_tpot(pick, members, drain=reason == GROUP_SWITCH), total)
+
+
+def _left(b: BackendState) -> float:
+    """The share of a request's life that `b`'s in-flight requests still have, each: their remaining share
+    of output (all of it where unknown)."""
+    return b.remaining if b.remaining > 0.0 else 1.0
 
 
 def _closed(b: BackendState) -> str:
