@@ -188,22 +188,22 @@ def _record(index: int, c: Completion) -> tuple[float, ...]:
     """A completion as a board record (pool/board.py's layout)."""
     return (
         index, c.output_tokens, c.ttft, c.decode_seconds, c.mean_inflight, c.mean_group_inflight, c.token_chunks,
-        c.prompt_tokens, c.cached_tokens, c.given,
+        c.prompt_tokens, c.cached_tokens, c.given, c.group_prompt_tokens,
     )
 
 
 def _progress_record(index: int, w: DecodeWindow) -> tuple[float, ...]:
     """A stretch of a stream as a board record: a completion's layout with no output tokens."""
-    return (index, 0.0, 0.0, w.seconds, w.mean_inflight, w.mean_group_inflight, w.chunks, 0.0, 0.0, 0.0)
+    return (index, 0.0, 0.0, w.seconds, w.mean_inflight, w.mean_group_inflight, w.chunks, 0.0, 0.0, 0.0, w.group_prompt_tokens)
 
 
 def _progress(names: list[str], record: tuple[float, ...]) -> Progress:
-    index, _, _, seconds, inflight, group_inflight, chunks, _, _, _ = record
-    return Progress(names[int(index)], seconds, int(chunks), inflight, group_inflight)
+    index, _, _, seconds, inflight, group_inflight, chunks, _, _, _, sent = record
+    return Progress(names[int(index)], seconds, int(chunks), inflight, group_inflight, sent)
 
 
 def _completion(names: list[str], record: tuple[float, ...]) -> Completion:
-    index, tokens, ttft, decode, inflight, group_inflight, chunks, prompt, cached, given = record
+    index, tokens, ttft, decode, inflight, group_inflight, chunks, prompt, cached, given, sent = record
     return Completion(
-        names[int(index)], int(tokens), ttft, decode, inflight, group_inflight, int(chunks), int(prompt), int(cached), int(given)
+        names[int(index)], int(tokens), ttft, decode, inflight, group_inflight, int(chunks), int(prompt), int(cached), int(given), sent
     )

@@ -236,7 +236,7 @@ class GatewayRouter:
         return Prompt(estimate.prompt_tokens(key.size), cached, max_tokens, estimate.most_tokens(key.size), since)
 
     def _progress(self, backend: str, window: DecodeWindow) -> None:
-        self.policy.paced(Progress(backend, window.seconds, window.chunks, window.mean_inflight, window.mean_group_inflight))
+        self.policy.paced(Progress(backend, window.seconds, window.chunks, window.mean_inflight, window.mean_group_inflight, window.group_prompt_tokens))
 
     def chunk(self, request: Request, now: float, tokens: int) -> None:
         flight = self._flights[request.rid]
@@ -273,6 +273,7 @@ class GatewayRouter:
                         prompt_tokens=prompt,
                         cached_tokens=cached,
                         given=flight.given,
+                        group_prompt_tokens=window.group_prompt_tokens,
                     )
                 )
         slot.release()

@@ -88,6 +88,9 @@ class Completion:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the backend reported it took from its prefix cache
     given: int = 0  # output tokens earlier backends produced (a moved stream), in `output_tokens`
+    # Prompt tokens other requests routed to its group while it decoded were sent to prefill: their prefill
+    # steps ran between its decode steps, inside `decode_seconds`.
+    group_prompt_tokens: float = 0.0
 
     @property
     def decoded(self) -> int:
@@ -115,6 +118,7 @@ class Progress:
     chunks: int
     mean_inflight: float
     mean_group_inflight: float
+    group_prompt_tokens: float = 0.0  # as `Completion`'s, over this stretch
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ routed and released exactly once when its response ends, on every path (finished
 client gone), tied to the response's lifetime by `try/finally` in the code that owns the response
 body, as SMG's guard objects are. Backends of one group share GPUs; a backend named in no group is
 a group of its own. The pool keeps each backend's load integral (so a slot can tell the mean load
-its request decoded under) and, over its in-flight requests, the output they are expected to
-produce and the token-bearing chunks relayed so far. Every number goes through the pool's `Board`
+its request decoded under) and the prompt tokens its requests were sent to prefill (so a slot can
+tell the prefill that ran between its steps), and, over its in-flight requests, the output they
+are expected to produce and the token-bearing chunks relayed so far. Every number goes through the pool's `Board`
 (`board.py`): the process's own, or the whole gateway's with several workers. Time is the pool's
 `clock` (`time.monotonic` in the gateway; a virtual-time model of the node passes its own).
 """
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import orjson
 from dataclasses import dataclass, field
 
-from gateway.pool.board import AREA, CACHED, CHUNKS, EXPECTED, HELD, INFLIGHT, PREDICTED, PROMPT, SERVED, SINCE, Board, LocalBoard
+from gateway.pool.board import AREA, CACHED, CHUNKS, EXPECTED, HELD, INFLIGHT, PREDICTED, PROMPT, SENT, SERVED, SINCE, Board, LocalBoard
 from gateway.pool.engine_load import EngineLoad, engine_load_json, parse_engine_load
 from gateway.pool.snapshot import BackendView, PoolSnapshot
 from gateway.pool.tenant_limits import Lease
@@ -58,6 +59,9 @@ class DecodeWindow:
     mean_inflight: float  # its backend's mean in-flight count over the window
     mean_group_inflight: float  # the same for all backends of that backend's group
     chunks: int = 0  # token-bearing chunks that arrived after the window opened (its steps)
+    # Prompt tokens the requests routed to its group within the window were sent to prefill: an engine
+    # runs a prefill between decode steps, so their prefill time is inside this window's seconds.
+    group_prompt_tokens: float = 0.0
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Backend:
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
     held_prompt_tokens: float = 0.0
+    sent_prompt_tokens: float = 0.0  # those of every request routed to it, ever (a moved stream: its prompt's)
     mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
     # Prompt tokens of its finished responses: sent, reported cached, predicted cached by the prefix map.
     prompt_tokens: int = 0
@@ -116,6 +121,15 @@ class Backend:
         """Output tokens its in-flight requests are expected to produce, across the whole gateway."""
         return self.board.total(self.index, EXPECTED)
 
+    @property
+    def sent_prompt_tokens_total(self) -> float:
+        """Prompt tokens every request routed to it was sent to prefill, across the whole gateway."""
+        return self.board.total(self.index, SENT)
+
+    def _sent(self, prompt: float) -> None:
+        self.sent_prompt_tokens += prompt
+        self.board.write(self.index, SENT, self.sent_prompt_tokens)
+
     def _add(self, expected: float = 0.0, chunks: int = 0, prompt: float = 0.0) -> None:
         self.expected_tokens += expected
         self.relayed_chunks += chunks
@@ -127,13 +141,15 @@ class Backend:
     def _view(self) -> BackendView:
         board, i = self.board, self.index
         inflight, expected, chunks = self.inflight_total, self.expected_tokens_total, int(board.total(i, CHUNKS))
-        held = self.held_prompt_tokens_total
+        held, sent = self.held_prompt_tokens_total, self.sent_prompt_tokens_total
         load = self.engine_load
         if load is None:
-            return BackendView(self.name, self.speculative, self.available, inflight, self.group, expected, chunks, held_prompt_tokens=held)
+            return BackendView(
+                self.name, self.speculative, self.available, inflight, self.group, expected, chunks, held_prompt_tokens=held, sent_prompt_tokens=sent
+            )
         return BackendView(
             self.name, self.speculative, self.available, inflight, self.group, expected, chunks,
-            load.kv_tokens, load.kv_rank_tokens, load.prefill_tokens, load.prefill_busy_us, load.decode_moments, held,
+            load.kv_tokens, load.kv_rank_tokens, load.prefill_tokens, load.prefill_busy_us, load.decode_moments, held, sent,
         )
 
     @property
@@ -185,13 +201,15 @@ class Slot:
         self._chunks = 0
         self._expected = self._expect(backend)
         self.acquired_at = pool.clock()
-        # (time, backend load area, group load area) at the first token; the latest token's time.
-        self._first: tuple[float, float, float] | None = None
+        # (time, backend load area, group load area, group prompt tokens sent) at the first token; the
+        # latest token's time.
+        self._first: tuple[float, float, float, float] | None = None
         self._last_at = 0.0
         # Told of every PROGRESS_CHUNKS chunks while the response streams (None: nobody listens); the
-        # current stretch's start: (time, backend load area, group load area, chunks relayed by then).
+        # current stretch's start: (time, backend load area, group load area, group prompt tokens sent, chunks
+        # relayed by then).
         self.on_progress: Callable[[str, DecodeWindow], None] | None = None
-        self._mark: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)
+        self._mark: tuple[float, float, float, float, int] = (0.0, 0.0, 0.0, 0.0, 0)
 
     @property
     def released(self) -> bool:
@@ -223,6 +241,7 @@ class Slot:
         per_sequence = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
         expected = per_sequence * self.weight
         backend._add(expected, prompt=self._prompt)
+        backend._sent(self._prompt)
         return expected
 
     def move_to(self, name: str) -> None:
@@ -250,14 +269,14 @@ class Slot:
         self._chunks = 0
         self._first = None
         self._last_at = 0.0
-        self._mark = (0.0, 0.0, 0.0, 0)
+        self._mark = (0.0, 0.0, 0.0, 0.0, 0)
 
     def mark_token(self, now: float) -> None:
         """A chunk carrying generated tokens arrived at `now` (on the pool's clock)."""
         if self._first is None:
             self._first = (now, *self._areas(now))
             self._mark = (*self._first, self._chunks + 1)
-        elif self.on_progress is not None and self._chunks + 1 - self._mark[3] >= PROGRESS_CHUNKS:
+        elif self.on_progress is not None and self._chunks + 1 - self._mark[4] >= PROGRESS_CHUNKS:
             self._progress(now, self._chunks + 1)
         self._last_at = now
         self._chunks += 1
@@ -267,18 +286,21 @@ class Slot:
 
     def _progress(self, now: float, chunks: int) -> None:
         """Close the stretch at the chunk that arrived at `now` (the slot's `chunks`-th) and open the next."""
-        t0, area0, group0, chunks0 = self._mark
-        area1, group1 = self._areas(now)
-        self._mark = (now, area1, group1, chunks)
+        t0, area0, group0, sent0, chunks0 = self._mark
+        area1, group1, sent1 = self._areas(now)
+        self._mark = (now, area1, group1, sent1, chunks)
         seconds = now - t0
         if seconds > 0.0 and self.on_progress is not None:
-            window = DecodeWindow(seconds, (area1 - area0) / seconds, (group1 - group0) / seconds, chunks - chunks0)
+            window = DecodeWindow(seconds, (area1 - area0) / seconds, (group1 - group0) / seconds, chunks - chunks0, sent1 - sent0)
             self.on_progress(self.backend.name, window)
 
-    def _areas(self, at: float) -> tuple[float, float]:
-        backend = self.backend
+    def _areas(self, at: float) -> tuple[float, float, float]:
+        """Its backend's and its group's load integrals up to `at`, and the prompt tokens sent to its group."""
+        backend, pool = self.backend, self._pool
         area = backend.load_area(at)
-        return area, self._pool.group_load_area(backend.group, at) if self._pool.shares_group(backend) else area
+        if not pool.shares_group(backend):
+            return area, area, backend.sent_prompt_tokens_total
+        return area, pool.group_load_area(backend.group, at), pool.group_sent_prompt_tokens(backend.group)
 
     def decode_window(self) -> DecodeWindow | None:
         """First to last token and the mean loads over it; None before two tokens at distinct times.
@@ -288,13 +310,13 @@ class Slot:
         of k requests moves the integral by k times that gap."""
         if self._first is None:
             return None
-        t0, area0, group0 = self._first
+        t0, area0, group0, sent0 = self._first
         t1 = self._last_at
         seconds = t1 - t0
         if seconds <= 0.0:
             return None
-        area1, group1 = self._areas(t1)
-        return DecodeWindow(seconds, (area1 - area0) / seconds, (group1 - group0) / seconds)
+        area1, group1, sent1 = self._areas(t1)
+        return DecodeWindow(seconds, (area1 - area0) / seconds, (group1 - group0) / seconds, group_prompt_tokens=sent1 - sent0)
 
 
 class Pool:
@@ -402,6 +424,10 @@ class Pool:
     def group_load_area(self, group: str, now: float) -> float:
         """Integral of the in-flight count of `group`'s backends from process start to `now`."""
         return sum(b.load_area(now) for b in self._backends.values() if b.group == group)
+
+    def group_sent_prompt_tokens(self, group: str) -> float:
+        """Prompt tokens every request routed to `group`'s backends was sent to prefill, ever."""
+        return sum(b.sent_prompt_tokens_total for b in self._backends.values() if b.group == group)
 
     def snapshot(self) -> PoolSnapshot:
         """The current state as plain data for a policy."""

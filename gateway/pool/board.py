@@ -33,16 +33,17 @@ from typing import Protocol
 from gateway.pool.prefix import PrefixTable
 
 # Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served,
-# the prompt tokens it was sent, it reported cached, and the prefix map predicted it held, and the prompt
-# tokens its in-flight requests were sent to prefill.
-INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED, PROMPT, CACHED, PREDICTED, HELD = range(10)
-_FIELDS = 10
+# the prompt tokens it was sent, it reported cached, and the prefix map predicted it held, the prompt
+# tokens its in-flight requests were sent to prefill, and those every request routed to it was (ever).
+INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED, PROMPT, CACHED, PREDICTED, HELD, SENT = range(11)
+_FIELDS = 11
 # Per worker: routing decisions made, and the gateway's decision count at its last priority one (0: none).
 _CLOCK = 2
 # Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
-# mean group in-flight, token chunks, prompt tokens, cached tokens, output tokens given (a moved stream).
+# mean group in-flight, token chunks, prompt tokens, cached tokens, output tokens given (a moved stream),
+# prompt tokens sent to its group while it decoded.
 # A progress record (a stretch of a stream) has the same layout with no output tokens, ttft or prompt counts.
-_RECORD = 10
+_RECORD = 11
 PREFIX_SLOTS = 1 << 17  # prompt blocks the prefix map holds (pool/prefix.py): 3 MB, ~8M tokens of prefixes
 RING = 4096  # completion records kept; a worker further behind than this skips the oldest
 CARD_BYTES = 65536  # the backends' model cards (JSON), as the health checker discovered them

@@ -468,6 +468,7 @@ class ProxyResponse(Response):
                 prompt_tokens=0 if moved else prompt_tokens,
                 cached_tokens=0 if moved else cached_tokens,
                 given=given,
+                group_prompt_tokens=window.group_prompt_tokens,
             )
         )
 

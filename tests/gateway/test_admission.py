@@ -142,5 +142,5 @@ def test_a_worker_killed_holding_a_lock_does_not_keep_it(boards: list[LoadBoard]
         proc.kill()
         proc.join(30)
     assert not _held(boards[0].spec, lock)  # the kernel let go of the dead worker's lock
-    boards[1].publish((0.0, 10.0, 0.1, 0.5, 1.0, 1.0, 5.0, 100.0, 0.0, 0.0))  # a completion is published: nobody waits forever
+    boards[1].publish((0.0, 10.0, 0.1, 0.5, 1.0, 1.0, 5.0, 100.0, 0.0, 0.0, 0.0))  # a completion is published: nobody waits forever
     assert boards[2].unread()[-1][1] == 10.0

@@ -374,3 +374,22 @@ def test_a_prefill_is_charged_for_the_requests_it_stalls() -> None:
     # Where g0 is idle the same hold wins.
     idle = [eagle("g0"), plain("g0"), eagle("g1"), plain("g1", 5)]
     assert choose(idle, prompt=cost) == ("plain-g0", "adaptive_prefix_beside")
+
+
+def test_the_prefill_its_requests_bring_weighs_on_where_a_request_goes_never_on_a_groups_mode() -> None:
+    # llama8b-h100's lines (ms): g0 holds the prompt and carries three requests, g1 is idle and would
+    # prefill 30 ms of it. Decode alone, g0's slower decode of 128 tokens costs less than that prefill. But
+    # each request in flight stands for arrivals whose prefill runs between the decode steps (5% of the
+    # group's time each here), and g0's four would make its decode a quarter slower.
+    backends = [eagle("g0", 3, line=LLAMA_E, tau=2.9), plain("g0", line=LLAMA_P), eagle("g1", line=LLAMA_E, tau=2.9), plain("g1", line=LLAMA_P)]
+    cost = PromptCost({"eagle-g0": 0.0, "plain-g0": 30.0, "eagle-g1": 30.0, "plain-g1": 30.0}, output_tokens=128)
+    decode_alone = {"g0": GroupState(mode=True), "g1": GroupState(mode=True)}
+    assert choose(backends, decode_alone, cost) == ("eagle-g0", "adaptive_prefix")
+    prefilling = {name: replace(state, prefilling=0.05) for name, state in decode_alone.items()}
+    assert choose(backends, prefilling, cost) == ("eagle-g1", "adaptive_predicted_faster")
+    # Both modes of a group take turns on the same GPUs, so the prefill slows either alike: one group's
+    # mode is the one its load alone picks, at every load.
+    for n in range(12):
+        for mode in (True, False):
+            one = [eagle(inflight=n if mode else 0), plain(inflight=0 if mode else n)]
+            assert choose(one, {"g0": GroupState(mode=mode, prefilling=0.2)}) == choose(one, {"g0": GroupState(mode=mode)})

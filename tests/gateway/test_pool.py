@@ -166,6 +166,29 @@ def test_decode_window_follows_load_changes_between_the_tokens() -> None:
     assert window == DecodeWindow(seconds=4.0, mean_inflight=3.0, mean_group_inflight=3.0)  # (2*2 + 4*2) / 4
 
 
+def test_a_decode_window_counts_the_prompt_tokens_sent_to_its_group_while_it_decoded() -> None:
+    clock = [0.0]
+    pool = Pool([
+        Backend("eagle", "http://e", True, group="g0"), Backend("plain", "http://p", False, group="g0"), Backend("other", "http://o", False),
+    ], clock=lambda: clock[0])
+    slot = pool.acquire("eagle", prompt_tokens=500.0)  # its own prefill comes before its first token
+    heard: list[DecodeWindow] = []
+    slot.on_progress = lambda name, window: heard.append(window)
+    slot.mark_token(1.0)
+    pool.acquire("plain", prompt_tokens=300.0)  # the other server of its group: their prefill stalls this stream
+    pool.acquire("eagle", prompt_tokens=40.0)
+    pool.acquire("other", prompt_tokens=900.0)  # another group's GPUs
+    for chunk in range(1, PROGRESS_CHUNKS + 2):
+        if chunk == PROGRESS_CHUNKS + 1:
+            pool.acquire("eagle", weight=2, prompt_tokens=10.0)  # a batched request: 2 sequences of 10
+        slot.mark_token(1.0 + chunk)
+    assert [w.group_prompt_tokens for w in heard] == [340.0]
+    window = slot.decode_window()
+    assert window is not None and window.group_prompt_tokens == 360.0
+    assert pool["eagle"].sent_prompt_tokens_total == 560.0 and pool["other"].sent_prompt_tokens_total == 900.0
+    assert pool.snapshot().get("plain").sent_prompt_tokens == 300.0
+
+
 def test_a_stream_reports_its_progress_every_few_chunks() -> None:
     clock = [0.0]
     eagle = Backend("eagle", "http://e", True, group="g0")

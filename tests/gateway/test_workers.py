@@ -10,7 +10,7 @@ import pytest
 
 from gateway.config import BackendConfig, Settings
 from gateway.metrics import GatewayMetrics
-from gateway.policies import Completion, Decision
+from gateway.policies import Completion, Decision, Progress
 from gateway.policies.adaptive import AdaptivePolicy
 from gateway.pool.backends import Backend, DecodeWindow, Health, Pool
 from gateway.pool.board import RING, LoadBoard
@@ -99,7 +99,7 @@ def test_the_health_checkers_engine_loads_reach_every_worker(board: LoadBoard) -
 def test_a_worker_further_behind_than_the_ring_skips_the_oldest_records_in_order(board: LoadBoard) -> None:
     writer, reader = _attach(board, 0), _attach(board, 1)
     assert reader.unread() == []
-    records = [(n % 2, n, 0.5, 1.0, 2.0, 2.0, 3, 100, 40, n % 3) for n in range(RING + 10)]  # the ring wraps around
+    records = [(n % 2, n, 0.5, 1.0, 2.0, 2.0, 3, 100, 40, n % 3, 7 * n) for n in range(RING + 10)]  # the ring wraps around
     for record in records:
         writer.publish(record)
     kept = reader.unread()
@@ -169,6 +169,21 @@ def test_every_worker_learns_every_streams_progress_in_order(board: LoadBoard) -
     for rt in workers:
         rt.catch_up()
         assert rt.policy.describe()["beliefs"]["backends"]["plain"] == expected  # type: ignore[attr-defined]
+
+
+def test_completions_and_progress_reach_every_worker_whole(board: LoadBoard) -> None:
+    """Every field of what a worker relayed crosses the ring, the prompt tokens sent while it decoded included."""
+    workers = [_runtime(_attach(board, w)) for w in range(WORKERS)]
+    heard: list[list[object]] = [[] for _ in workers]
+    for rt, got in zip(workers, heard, strict=True):
+        rt.policy.observe = got.append  # type: ignore[method-assign]
+        rt.policy.paced = got.append  # type: ignore[method-assign]
+    completion = Completion("eagle", 200, 0.05, 0.9, 3.5, 6.25, 70, 1200, 1024, 33, 4096.0)
+    workers[1].progress("plain", DecodeWindow(0.2, 2.0, 4.5, 8, 640.0))
+    workers[2].learn(completion)
+    for rt in workers:
+        rt.catch_up()
+    assert heard == [[Progress("plain", 0.2, 8, 2.0, 4.5, 640.0), completion]] * WORKERS
 
 
 @pytest.mark.parametrize("group", [None, "pair"])

@@ -6,14 +6,15 @@ and the microseconds those took (`total_prefill_busy_us`), and its decode step-t
 each decode step timed from the previous one's launch). Between two reports of one backend their
 differences give its prefill seconds per uncached token, and its mean decode batch with the seconds
 per output token there: measured by the engine on every request, however the client asked for the
-answer. The pool carries the latest report on each backend's view.
+answer. The pool carries the latest report on each backend's view, and its own counter of the prompt
+tokens routed requests were sent to prefill, whose mean prices the prefill each request brings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.pool.snapshot import BackendView
+from gateway.pool.snapshot import BackendView, PoolSnapshot
 
 # Counters are read once they have moved by at least this many tokens: a few short prompts' prefill is
 # mostly the step's fixed cost, not their tokens.
@@ -86,3 +87,20 @@ class EngineSteps:
         # Each request gains generated / batch tokens a step: seconds per token = mean step over that.
         tpot = step_us * 1e-6 / steps * batch / generated
         return StepReading(batch / steps, tpot, round(generated), round(batch), others == seen[1])
+
+
+class SentPrompts:
+    """The mean prompt tokens a routed request was sent to prefill (what the prefix map predicted its backend
+    lacked), from the pool's counter of them read at each routing decision: it moved by the last request's."""
+
+    def __init__(self) -> None:
+        self.mean: float | None = None
+        self._total: float | None = None
+
+    def read(self, snapshot: PoolSnapshot) -> None:
+        """Fold in what was sent since the last reading (a counter that went down starts over)."""
+        total = sum(view.sent_prompt_tokens for view in snapshot.backends)
+        added, self._total = (total - self._total if self._total is not None else None), total
+        if added is None or added < 0.0:
+            return
+        self.mean = added if self.mean is None else self.mean + RATE * (added - self.mean)

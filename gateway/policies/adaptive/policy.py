@@ -53,7 +53,7 @@ from gateway.policies.adaptive.rules import (
     lane_view,
     least_harm,
 )
-from gateway.policies.adaptive.engine import EnginePrefill, EngineSteps, StepReading
+from gateway.policies.adaptive.engine import EnginePrefill, EngineSteps, SentPrompts, StepReading
 from gateway.policies.adaptive.rules import choose as choose_group
 from gateway.policies.adaptive.rules import moves as stray_moves
 from gateway.policies.lane import FLEX_PLAIN, TierLane, TierSettings
@@ -69,6 +69,9 @@ SPEC_PRIOR_WEIGHT = 1.0
 # The prior slope of plain decode's line, per request, relative to its intercept (EAGLE's is the estimator's
 # default): until responses at several loads shape it, plain's line extrapolates nearly flat.
 PLAIN_PRIOR_SLOPE = 0.01
+# A decode window is taken to have spent at least this share of its time decoding, whatever the prefill
+# sent to its group meanwhile (a prefill queued for KV room runs later than it was sent).
+DECODE_FLOOR = 0.25
 # Co-located: a response counts only if the other server had at most this many requests in flight
 # on average while it decoded.
 SHARED_TOLERANCE = 0.25
@@ -169,6 +172,7 @@ class AdaptivePolicy(Policy):
         self._loads: tuple[PoolSnapshot | None, tuple[float, float, float]] = (None, (0.0, 0.0, 0.0))  # `_group_loads`' last reading
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
         self._engine_prefill = EnginePrefill()  # ... as the engines count their prefill steps
+        self._sent = SentPrompts()  # prompt tokens a routed request is sent to prefill
         self._streamed = self._unstreamed = 0  # responses seen, streamed and not
         self._engine_steps = EngineSteps()  # each engine's decode steps, for backends no stream teaches
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
@@ -273,6 +277,7 @@ class AdaptivePolicy(Policy):
             self._switched = (chosen.group, max(snapshot.group_inflight(chosen) + 1.0, self._group_loads(snapshot)[0]))
         self._forecast.arrived(snapshot.at, snapshot.total_inflight)
         self._arrival_output = self._mean_output
+        self._sent.read(snapshot)
         sizes = Counter(v.group for v in snapshot.backends)
         if self._speculated_at is None or (chosen.speculative and decision.reason not in _NOT_A_MODE):
             self._speculated_at = snapshot.at  # since the first routing: a trial waits on a whole wait
@@ -386,7 +391,8 @@ class AdaptivePolicy(Policy):
         if (arm.shared or self.colocated) and others > SHARED_TOLERANCE:
             return  # the other server's steps were interleaved with these
         tokens = progress.chunks * arm.tau
-        arm.estimator.observe(progress.mean_inflight, progress.seconds / tokens, max(round(tokens), 1))
+        seconds = self._decoding(progress.seconds, progress.group_prompt_tokens)
+        arm.estimator.observe(progress.mean_inflight, seconds / tokens, max(round(tokens), 1))
         self._read(arm)
 
     def observe(self, completion: Completion) -> None:
@@ -413,7 +419,7 @@ class AdaptivePolicy(Policy):
             if arm.probe_pending:
                 self._judge_probe(arm, taught_nothing=True)
             return
-        n, tpot = completion.mean_inflight, completion.decode_seconds / tokens
+        n, tpot = completion.mean_inflight, self._decoding(completion.decode_seconds, completion.group_prompt_tokens) / tokens
         if arm.probe_pending:
             self._judge_probe(arm, taught_nothing=abs(tpot / arm.estimator.predict(n) - 1.0) <= PROBE_AGREEMENT)
         relearns = arm.estimator.relearns
@@ -422,6 +428,21 @@ class AdaptivePolicy(Policy):
         if arm.estimator.relearns > relearns:  # this backend changed: the comparison is open again
             for each in self._arms.values():
                 each.probe_interval = self.probe_every
+
+    def _decoding(self, seconds: float, prompt_tokens: float) -> float:
+        """Of a decode window's `seconds`, those its group spent decoding: less the prefill of the `prompt_tokens`
+        sent to the group meanwhile, at the engines' own prefill cost (none where they report none). Both
+        modes pay a prefill alike, and the mode that decodes faster has more arrivals per request in flight:
+        counted in, it made a measured curve rise with the traffic's arrival rate, not its batch."""
+        cost = self._engine_prefill_cost()
+        if prompt_tokens <= 0.0 or cost <= 0.0:
+            return seconds
+        return max(seconds - prompt_tokens * cost, DECODE_FLOOR * seconds)
+
+    def _engine_prefill_cost(self) -> float:
+        """Seconds of prefill per uncached prompt token, as the engines count it (their kinds' mean; 0: not reported)."""
+        costs = self._engine_prefill.cost
+        return sum(costs.values()) / len(costs) if costs else 0.0
 
     def _learn_steps(self, arm: Arm, reading: StepReading | None) -> None:
         """A backend whose responses are never streamed learns its curve and tau from its engine's decode
@@ -501,6 +522,7 @@ class AdaptivePolicy(Policy):
             "backends": {name: arm.describe() for name, arm in self._arms.items()},
             "prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._prefill_costs().items()},
             "engine_prefill_seconds_per_token": {("eagle" if kind else "plain"): cost for kind, cost in self._engine_prefill.cost.items()},
+            "prefilling_per_request": self._prefilling(),
             "prefix_hit_share": self._hit_share,
             "mean_output_tokens": self._mean_output,
             "prefix_reuse": self._reuse(),
@@ -718,7 +740,14 @@ class AdaptivePolicy(Policy):
     def _groups(self, snapshot: PoolSnapshot) -> dict[str, GroupState]:
         load, settled, arriving = self._group_loads(snapshot)
         trying = self._trying(snapshot)
-        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving) for v in snapshot.backends}
+        prefilling = self._prefilling()
+        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving, prefilling) for v in snapshot.backends}
+
+    def _prefilling(self) -> float:
+        """The share of a group's time that each request in flight there brings prefill to it: as many arrive
+        over a life as are in flight, each sent the mean prompt tokens to prefill, at the engines' cost."""
+        cost, life, sent = self._engine_prefill_cost(), self._forecast.life, self._sent.mean
+        return sent * cost / life if sent is not None and cost > 0.0 and life > 0.0 else 0.0
 
     def _trying(self, snapshot: PoolSnapshot) -> set[str]:
         """The groups that may be in a reach trial now: the one in it (`TRIAL_HOLD_LIVES` lives, while its load

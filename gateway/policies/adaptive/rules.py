@@ -1,18 +1,18 @@
 """Which (GPU group, mode) a request goes to: the adaptive rule for K groups, and the tier rules, as pure functions.
 
-A group is GPUs running one EAGLE-3 and one plain server co-located (their steps take turns) or one
-server alone (partitioned). Per backend: its TPOT curve, in-flight count, tau and the share of its
-in-flight output still to come; per group its expected, settled and arriving loads and its mode.
+A group is GPUs running one EAGLE-3 and one plain server co-located (their steps take turns) or one server
+alone (partitioned). Per backend: its TPOT curve (decode alone), in-flight count, tau and the share of its
+in-flight output to come; per group its expected, settled and arriving loads, its mode and prefill share.
 `choose`, reasons in brackets: (1) a co-located group runs the mode serving its expected load `L = max(n_group + 1, expected)`
 fastest [`adaptive_predicted_faster`]; (2) it changes mode only when the gain over a few lives pays
 for the requests a switch strands in the old mode (both servers' steps every round until they
 drain) [`adaptive_group_switch`, else `adaptive_group_stay`], leaves speculation only for a gain
 at the load the request meets over its life too, and turns to speculation only for one at its settled
 load too, within the load EAGLE was measured at or in a trial past it [`adaptive_reach_trial`]; (3)
-the request goes to the group where it would decode fastest, priced at the round it joins (its
-server's step plus the other server's, if that one has requests); (4) a capped backend gets nothing
-[`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]. Every price counts the wait for KV room
-(`BackendState.room`). Derivation and measures: docs/adaptive.md.
+the request goes to the group where it would decode fastest, priced at the round it joins (its server's
+step plus the other server's, if that one has requests), slowed by the prefill its requests bring (alike
+for both modes); (4) a capped backend gets nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`].
+Every price counts the wait for KV room (`BackendState.room`). Derivation and measures: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ DRAIN_PRICE = 2.0
 # A request going to an EAGLE server is answered its first token by the plain server of its group when
 # that one would prefill at most this share of what the EAGLE server would (it holds more of the prefix).
 HANDOVER_PREFILL_SHARE = 1.0 / 3.0
+# A group's engines are taken to decode at least this share of the time, whatever prefill it is sent.
+MAX_PREFILLING = 0.75
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,9 @@ class GroupState:
     settled: float = 0.0  # its mean load over the last few lives: speculation resumes only when that is light too
     trial: bool = False  # it may try speculation past EAGLE's reach, or is trying it (`_reach_trial`)
     arriving: float = math.inf  # requests expected to arrive at it over the next request life (inf: not known)
+    # The share of its time each request in flight brings its engines' prefill to (the arrivals it stands
+    # for): its requests decode that much slower than its servers' curves, which are of decode alone.
+    prefilling: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ def choose(
     for b in available:
         by_group.setdefault(b.group, []).append(b)
     present = (1.0 + sum(b.inflight * _left(b) for b in available)) / len(by_group)
-    options = [opt for name, members in by_group.items() if (opt := _group_option(members, known.get(name, GroupState()), present, strays_follow))]
+    options = [_slowed(opt, known) for name, members in by_group.items() if (opt := _group_option(members, known.get(name, GroupState()), present, strays_follow))]
     if not options:  # every backend is at its cap: the least loaded takes the overflow
         least = min(available, key=lambda b: (b.inflight, b.name))
         return least.name, "adaptive_cap"
@@ -164,8 +169,8 @@ def choose(
     # Against a server beside its group's mode, the mode's own server is priced with the other's steps
     # only while its requests last: they are beside requests or a switch's strays, and end; priced as
     # lasting, they made the mode's server look slow and drew the next request beside them too.
-    own = [replace(o, predicted=_joined_tpot(o.backend, by_group[o.backend.group], drain=True)) if len(by_group[o.backend.group]) > 1 else o for o in options]
-    candidates = own + [_beside(b, by_group[b.group]) for b in holders]
+    own = [_slowed(replace(o, predicted=_joined_tpot(o.backend, by_group[o.backend.group], drain=True)), known) if len(by_group[o.backend.group]) > 1 else o for o in options]
+    candidates = own + [_slowed(_beside(b, by_group[b.group]), known) for b in holders]
     usual = _usual_prices(candidates)
 
     def cost(o: _Option) -> tuple[float, int, str]:
@@ -179,6 +184,15 @@ def choose(
     if cheapest.backend is best.backend or cheapest.reason == "adaptive_prefix_beside":
         return cheapest.backend.name, cheapest.reason
     return cheapest.backend.name, "adaptive_prefix"
+
+
+def _slowed(o: _Option, groups: Mapping[str, GroupState]) -> _Option:
+    """`o` priced with its group's prefill between its decode steps (`GroupState.prefilling`): the same for
+    either mode of a group, so it weighs only where the request goes among groups."""
+    share = min(groups[o.backend.group].prefilling * (o.load + 1.0), MAX_PREFILLING) if o.backend.group in groups else 0.0
+    if share <= 0.0:
+        return o
+    return replace(o, predicted=o.predicted / (1.0 - share), harm=o.harm / (1.0 - share))
 
 
 def _kind(o: _Option) -> tuple[bool, bool]:
