@@ -106,6 +106,9 @@ async def test_answers_not_streamed_teach_the_share_found_cached_and_the_engines
         await api.close()
     for kind, table in (("eagle", profile.eagle), ("plain", profile.plain)):
         assert after["engine_prefill_seconds_per_token"][kind] == pytest.approx(table.prefill_ms_per_token / 1000 * 0.5, rel=0.02)
+    # With that cost known, the pool's count of the prompt tokens each routed request was sent to prefill
+    # prices the prefill a request in flight brings its group (docs/adaptive.md, rule 3).
+    assert after["prefilling_per_request"] > 0.0, after
 
 
 async def conversation(gateway: GatewayProcess, system: str, turns: int, *, stream: bool, route: str | None = None) -> list[float]:
