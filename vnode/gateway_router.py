@@ -166,7 +166,7 @@ class GatewayRouter:
         decision = route(self.policy, snapshot, None, tier, prompt, handover=True)
         if decision is None:
             raise Refused(503, "no backend is ready to serve")
-        slot = pool.acquire(decision.backend, request.max_tokens, prompt_tokens=prompt.uncached(decision.backend) if prompt else 0.0)
+        slot = pool.acquire(decision.backend, request.max_tokens, prompt_tokens=prompt.uncached(decision.backend) if prompt else 0.0, streamed=True)
         if key is not None:
             pool.board.prefix.insert(key.keys, slot.backend.index, now)
         slot.on_progress = self._progress

@@ -88,8 +88,9 @@ class Completion:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the backend reported it took from its prefix cache
     given: int = 0  # output tokens earlier backends produced (a moved stream), in `output_tokens`
-    # Prompt tokens other requests routed to its group while it decoded were sent to prefill: their prefill
-    # steps ran between its decode steps, inside `decode_seconds`.
+    # Prompt tokens other requests of its group were sent to prefill while it decoded (a stream's counted at
+    # its first token, another's when routed): their prefill steps ran between its decode steps, inside
+    # `decode_seconds`.
     group_prompt_tokens: float = 0.0
 
     @property

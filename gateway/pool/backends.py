@@ -5,8 +5,8 @@ routed and released exactly once when its response ends, on every path (finished
 client gone), tied to the response's lifetime by `try/finally` in the code that owns the response
 body, as SMG's guard objects are. Backends of one group share GPUs; a backend named in no group is
 a group of its own. The pool keeps each backend's load integral (so a slot can tell the mean load
-its request decoded under) and the prompt tokens its requests were sent to prefill (so a slot can
-tell the prefill that ran between its steps), and, over its in-flight requests, the output they
+its request decoded under) and the prompt tokens its requests were sent to prefill, a stream's counted
+once its first token came (so a slot can tell the prefill that ran between its steps), and, over its in-flight requests, the output they
 are expected to produce and the token-bearing chunks relayed so far. Every number goes through the pool's `Board`
 (`board.py`): the process's own, or the whole gateway's with several workers. Time is the pool's
 `clock` (`time.monotonic` in the gateway; a virtual-time model of the node passes its own).
@@ -59,8 +59,9 @@ class DecodeWindow:
     mean_inflight: float  # its backend's mean in-flight count over the window
     mean_group_inflight: float  # the same for all backends of that backend's group
     chunks: int = 0  # token-bearing chunks that arrived after the window opened (its steps)
-    # Prompt tokens the requests routed to its group within the window were sent to prefill: an engine
-    # runs a prefill between decode steps, so their prefill time is inside this window's seconds.
+    # Prompt tokens its group's requests were sent to prefill within the window (a stream's at its first
+    # token, another's when routed): an engine runs a prefill between decode steps, so their prefill time
+    # is inside this window's seconds.
     group_prompt_tokens: float = 0.0
 
 
@@ -82,7 +83,9 @@ class Backend:
     expected_tokens: float = 0.0
     relayed_chunks: int = 0
     held_prompt_tokens: float = 0.0
-    sent_prompt_tokens: float = 0.0  # those of every request routed to it, ever (a moved stream: its prompt's)
+    # Those of every request it was sent to prefill, ever: a stream's once its first token came from it (its
+    # prefill done: a continued stream's prompt again), another's when routed.
+    sent_prompt_tokens: float = 0.0
     mean_output_tokens: float | None = None  # EWMA of completed responses' lengths
     # Prompt tokens of its finished responses: sent, reported cached, predicted cached by the prefix map.
     prompt_tokens: int = 0
@@ -123,7 +126,8 @@ class Backend:
 
     @property
     def sent_prompt_tokens_total(self) -> float:
-        """Prompt tokens every request routed to it was sent to prefill, across the whole gateway."""
+        """Prompt tokens every request routed to it was sent to prefill, across the whole gateway: a stream's
+        once its first token came from it, another's when routed."""
         return self.board.total(self.index, SENT)
 
     def _sent(self, prompt: float) -> None:
@@ -187,11 +191,14 @@ class Slot:
 
     __slots__ = (
         "backend", "weight", "lease", "_pool", "_released", "acquired_at", "_first", "_last_at", "_max_tokens", "_expected",
-        "_prompt", "_chunks", "_mark", "on_progress",
+        "_prompt", "_chunks", "_mark", "on_progress", "_streamed",
     )
 
-    def __init__(self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1, prompt_tokens: float = 0.0) -> None:
+    def __init__(
+        self, pool: Pool, backend: Backend, max_tokens: int | None = None, weight: int = 1, prompt_tokens: float = 0.0, streamed: bool = False
+    ) -> None:
         self._pool = pool
+        self._streamed = streamed
         self.backend = backend
         self.weight = weight
         self.lease: Lease | None = None  # its tenant's hold on its limits, given back with the slot
@@ -241,7 +248,8 @@ class Slot:
         per_sequence = float(self._max_tokens if self._max_tokens is not None else backend.mean_output_tokens or 0.0)
         expected = per_sequence * self.weight
         backend._add(expected, prompt=self._prompt)
-        backend._sent(self._prompt)
+        if not self._streamed:
+            backend._sent(self._prompt)
         return expected
 
     def move_to(self, name: str) -> None:
@@ -274,6 +282,10 @@ class Slot:
     def mark_token(self, now: float) -> None:
         """A chunk carrying generated tokens arrived at `now` (on the pool's clock)."""
         if self._first is None:
+            if self._streamed:
+                # Its prefill ended here, before its own window: an engine queues a prefill it has no room
+                # for, so one counted when sent would fall in other streams' windows it did not stall.
+                self.backend._sent(self._prompt)
             self._first = (now, *self._areas(now))
             self._mark = (*self._first, self._chunks + 1)
         elif self.on_progress is not None and self._chunks + 1 - self._mark[4] >= PROGRESS_CHUNKS:
@@ -426,7 +438,8 @@ class Pool:
         return sum(b.load_area(now) for b in self._backends.values() if b.group == group)
 
     def group_sent_prompt_tokens(self, group: str) -> float:
-        """Prompt tokens every request routed to `group`'s backends was sent to prefill, ever."""
+        """Prompt tokens every request routed to `group`'s backends was sent to prefill, ever (as each one's
+        `sent_prompt_tokens_total`)."""
         return sum(b.sent_prompt_tokens_total for b in self._backends.values() if b.group == group)
 
     def snapshot(self) -> PoolSnapshot:
@@ -435,11 +448,12 @@ class Pool:
         now = self.clock()
         return PoolSnapshot(tuple(b._view() for b in self._backends.values()), now)
 
-    def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1, prompt_tokens: float = 0.0) -> Slot:
+    def acquire(self, name: str, max_tokens: int | None = None, weight: int = 1, prompt_tokens: float = 0.0, streamed: bool = False) -> Slot:
         """Take an in-flight slot on backend `name`; `max_tokens`: the request's limit on its output (per
         sequence), if any; `weight`: the sequences it runs upstream (1 but for batched native requests);
-        `prompt_tokens`: those of its prompt `name` is predicted to prefill (per sequence)."""
-        return Slot(self, self._take(name, weight), max_tokens, weight, prompt_tokens)
+        `prompt_tokens`: those of its prompt `name` is predicted to prefill (per sequence); `streamed`: its
+        tokens will be marked as they come (`Slot.mark_token`), so its prompt counts as prefilled at the first."""
+        return Slot(self, self._take(name, weight), max_tokens, weight, prompt_tokens, streamed)
 
     def record_output(self, name: str, tokens: int) -> None:
         """A response of `tokens` output tokens finished on `name`: update its mean length (EWMA)."""

@@ -34,14 +34,15 @@ from gateway.pool.prefix import PrefixTable
 
 # Per (worker, backend): in-flight, load integral, its time base, expected tokens, relayed chunks, served,
 # the prompt tokens it was sent, it reported cached, and the prefix map predicted it held, the prompt
-# tokens its in-flight requests were sent to prefill, and those every request routed to it was (ever).
+# tokens its in-flight requests were sent to prefill, and those every request routed to it was (ever; a
+# stream's once its first token came).
 INFLIGHT, AREA, SINCE, EXPECTED, CHUNKS, SERVED, PROMPT, CACHED, PREDICTED, HELD, SENT = range(11)
 _FIELDS = 11
 # Per worker: routing decisions made, and the gateway's decision count at its last priority one (0: none).
 _CLOCK = 2
 # Per completion record: backend index, output tokens, ttft, decode seconds, mean in-flight,
 # mean group in-flight, token chunks, prompt tokens, cached tokens, output tokens given (a moved stream),
-# prompt tokens sent to its group while it decoded.
+# prompt tokens its group prefilled while it decoded.
 # A progress record (a stretch of a stream) has the same layout with no output tokens, ttft or prompt counts.
 _RECORD = 11
 PREFIX_SLOTS = 1 << 17  # prompt blocks the prefix map holds (pool/prefix.py): 3 MB, ~8M tokens of prefixes

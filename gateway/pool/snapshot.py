@@ -31,7 +31,8 @@ class BackendView:
     # Over its in-flight requests: the prompt tokens they were sent to prefill there (what the gateway's
     # prefix map predicted its cache lacked). With their expected output, the KV room they hold.
     held_prompt_tokens: float = 0.0
-    # The prompt tokens every request routed to it was sent to prefill, ever (a counter).
+    # The prompt tokens every request routed to it was sent to prefill, ever (a counter; a stream's counted
+    # once its first token came from it, its prefill done).
     sent_prompt_tokens: float = 0.0
 
     def __post_init__(self) -> None:

@@ -143,7 +143,7 @@ def _admit(rt: Runtime, job: ProxyJob, prompt: Prompt | None) -> Slot:
         lease = rt.tenant_limits.admit(tenant.index, time.monotonic())
         if isinstance(lease, Refusal):
             raise refused(tenant.name, lease)
-    slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight, prompt.uncached(decision.backend) if prompt else 0.0)
+    slot = rt.pool.acquire(decision.backend, job.max_tokens, job.weight, prompt.uncached(decision.backend) if prompt else 0.0, job.stream)
     slot.lease = lease
     _placed(rt, job, snapshot, decision)
     if job.forced is None and rt.policy.may_move(decision):

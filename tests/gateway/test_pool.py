@@ -189,6 +189,30 @@ def test_a_decode_window_counts_the_prompt_tokens_sent_to_its_group_while_it_dec
     assert pool.snapshot().get("plain").sent_prompt_tokens == 300.0
 
 
+def test_a_streams_prompt_counts_in_other_windows_once_its_prefill_is_done() -> None:
+    """A stream's prompt is prefilled when its first token comes, which an engine short of room delays
+    past the windows of the streams it was sent beside; an unstreamed request's counts when routed."""
+    clock = [0.0]
+    pool = Pool([Backend("eagle", "http://e", True, group="g0"), Backend("plain", "http://p", False, group="g0")], clock=lambda: clock[0])
+    slot = pool.acquire("eagle", prompt_tokens=500.0, streamed=True)
+    assert pool["eagle"].sent_prompt_tokens_total == 0.0  # routed, not yet prefilled
+    slot.mark_token(1.0)
+    assert pool["eagle"].sent_prompt_tokens_total == 500.0  # its first token: its own window starts after it
+    prefilled = pool.acquire("plain", prompt_tokens=300.0, streamed=True)
+    pool.acquire("eagle", prompt_tokens=40.0)  # not streamed: no first token is seen, so it counts now
+    queued = pool.acquire("eagle", prompt_tokens=70.0, streamed=True)  # its first token comes after the window
+    slot.mark_token(2.0)
+    prefilled.mark_token(2.5)
+    slot.mark_token(3.0)
+    window = slot.decode_window()
+    assert window is not None and window.group_prompt_tokens == 340.0
+    queued.mark_token(4.0)
+    queued.continue_on("plain", None)  # moved: the new server prefills it again at its first token there
+    assert pool["plain"].sent_prompt_tokens_total == 300.0
+    queued.mark_token(5.0)
+    assert pool["plain"].sent_prompt_tokens_total == 370.0 and pool["eagle"].sent_prompt_tokens_total == 610.0
+
+
 def test_a_stream_reports_its_progress_every_few_chunks() -> None:
     clock = [0.0]
     eagle = Backend("eagle", "http://e", True, group="g0")

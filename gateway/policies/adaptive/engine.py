@@ -91,7 +91,8 @@ class EngineSteps:
 
 class SentPrompts:
     """The mean prompt tokens a routed request was sent to prefill (what the prefix map predicted its backend
-    lacked), from the pool's counter of them read at each routing decision: it moved by the last request's."""
+    lacked), from the pool's counter of them read at each routing decision: it moved by those counted since
+    the last (a stream's at its first token), one request's on average."""
 
     def __init__(self) -> None:
         self.mean: float | None = None

@@ -70,7 +70,8 @@ SPEC_PRIOR_WEIGHT = 1.0
 # default): until responses at several loads shape it, plain's line extrapolates nearly flat.
 PLAIN_PRIOR_SLOPE = 0.01
 # A decode window is taken to have spent at least this share of its time decoding, whatever the prefill
-# sent to its group meanwhile (a prefill queued for KV room runs later than it was sent).
+# counted in it (streams whose first tokens came in the step that began it count in the order their chunks
+# are relayed, though that step ran their prefill before the window).
 DECODE_FLOOR = 0.25
 # Co-located: a response counts only if the other server had at most this many requests in flight
 # on average while it decoded.
