@@ -121,6 +121,24 @@ def test_a_switch_is_priced_against_the_requests_it_strands() -> None:
     assert choose(young, {"g0": GroupState(6.0)}) == ("plain-g0", "adaptive_group_switch")
 
 
+def test_speculation_is_left_at_the_price_of_moving_its_young_streams_where_the_load_has_settled() -> None:
+    # A burst's first streams on EAGLE, just started, at 3.25 where plain is 3% faster (the lines above): draining
+    # them costs more than the gain over 4 lives, but moving them costs only their re-prefill (0.1 a token).
+    e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
+    young = [replace(eagle(inflight=2, line=e, remaining=0.95), takeover=0.1), plain(line=p)]
+    settled = {"g0": GroupState(3.25, True, settled=3.25)}
+    assert choose(young, settled) == ("plain-g0", "adaptive_group_switch")
+    # A passing peak (the group settled at 2, where EAGLE is faster) would be switched back: its drain is the price.
+    assert choose(young, {"g0": GroupState(3.25, True, settled=2.0)}) == ("eagle-g0", "adaptive_group_stay")
+    # So is a switch whose streams would not follow it, or whose re-prefill is not known.
+    assert choose(young, settled, strays_follow=False) == ("eagle-g0", "adaptive_group_stay")
+    assert choose([replace(young[0], takeover=None), young[1]], settled) == ("eagle-g0", "adaptive_group_stay")
+    # And only speculation is left this way: back to it, a plain group's young stream is priced at its drain
+    # (EAGLE 3.0 against plain 3.5 at 2 requests: a gain of 2.0 over 4 lives, against 2.85 of both servers' steps).
+    plain_young = [eagle(line=e), replace(plain(inflight=1, line=p, remaining=0.95), takeover=0.0)]
+    assert choose(plain_young, {"g0": GroupState(2.0, False, settled=2.0)}) == ("plain-g0", "adaptive_group_stay")
+
+
 def test_a_switch_is_priced_as_the_new_mode_carrying_the_groups_load() -> None:
     # Lines crossing at 3 requests (tau 3), 8 expected per group: g0 speculates with four streams and would
     # switch, g1 already decodes six plain. The switch moves g0's streams to plain (rule 7): 5 there, 5.0 ms

@@ -687,7 +687,19 @@ class AdaptivePolicy(Policy):
             remaining=remaining,
             room=max(view.kv_tokens / self._footprint, 1.0) if view.kv_tokens and self._footprint else None,
             full=full,
+            takeover=self._takeover(view, remaining) if self.move_running else None,
         )
+
+    def _takeover(self, view: BackendView, remaining: float) -> float | None:
+        """`BackendState.takeover`: the prompt tokens its requests were sent to prefill and their output so far,
+        at the other kind's prefill cost as the engines count it (else their kinds' mean, else as its times to
+        first token taught it), over a mean response; None while none is known."""
+        kind = not view.speculative
+        cost = self._engine_prefill.cost.get(kind) or self._engine_prefill_cost() or self._prefill.get(kind)
+        if not cost:
+            return None
+        per_request = (self._sent.mean or 0.0) + (1.0 - remaining) * self._mean_output
+        return view.inflight * per_request * cost / self._mean_output
 
     def _prompt_cost(self, available: list[BackendView], prompt: Prompt | None) -> PromptCost | None:
         """The request's prefill on each backend at its kind's learned cost, and its expected output;

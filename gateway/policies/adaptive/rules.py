@@ -77,6 +77,10 @@ class BackendState:
     # Its KV cache cannot take this request beside its in-flight ones (SGLang would queue it until they end)
     # while a server of its kind in another group can: the mean-size `room` does not see a long prompt's wait.
     full: bool = False
+    # GPU seconds, per token of a request life, its group's other server would spend re-prefilling its
+    # in-flight requests (their prompts and output so far) to take them over when the group switches away
+    # from it (None: not known).
+    takeover: float | None = None
 
     @property
     def open(self) -> bool:
@@ -256,16 +260,18 @@ def _stay_loss(old: BackendState, new: BackendState, load: float) -> float:
     return _tpot(old, load) - _tpot(new, load)
 
 
-def _switch_loss(old: BackendState, new: BackendState, load: float) -> float:
+def _switch_loss(old: BackendState, new: BackendState, load: float, follow: bool) -> float:
     """GPU time lost, per token of a request life, by switching now: both modes' steps run every round
     until the old mode's requests have drained (their remaining share of a life, in old-mode rounds),
-    against serving the same tokens in the new mode alone."""
+    against serving the same tokens in the new mode alone; where they follow the switch (`follow`), at most
+    their re-prefill in the new mode (`BackendState.takeover`)."""
     n_old = old.inflight
     n_new = max(load - n_old, 1.0)
     tokens = old.tau * _running(old, n_old) + new.tau * _running(new, n_new)
     per_token_new = _step(new, load) / (new.tau * _running(new, load))
     extra = _step(old, n_old) + _step(new, n_new) - tokens * per_token_new
-    return old.remaining / old.tau * extra
+    drained = old.remaining / old.tau * extra
+    return min(drained, old.takeover) if follow and old.takeover is not None else drained
 
 
 def _group_option(members: list[BackendState], state: GroupState, present: float, strays_follow: bool) -> _Option | None:
@@ -291,8 +297,10 @@ def _group_option(members: list[BackendState], state: GroupState, present: float
         stay = next(b for b in members if b.speculative == mode)
         if not stay.open:
             pick, reason = best, _closed(stay)
-        elif not _worth_switching(stay, best, min(load, present + state.arriving) if stay.speculative else load) or (
-            best.speculative and not _may_speculate(stay, best, load, state)
+        elif not (
+            _may_leave(stay, best, min(load, present + state.arriving), state, strays_follow)
+            if stay.speculative
+            else _worth_switching(stay, best, load) and _may_speculate(stay, best, load, state)
         ):
             pick, reason = stay, "adaptive_group_stay"
         else:
@@ -335,12 +343,20 @@ def _overlap(draining: BackendState, pick: BackendState) -> float:
     return min(draining.remaining * pick.tau / draining.tau, 1.0)
 
 
-def _worth_switching(old: BackendState, new: BackendState, load: float) -> bool:
+def _worth_switching(old: BackendState, new: BackendState, load: float, follow: bool = False) -> bool:
     """Whether a group at `load` should leave `old`'s mode for `new`'s: the new mode must be faster by more
     than the noise of the lines (`SWITCH_MARGIN`), and what staying loses over `SWITCH_HORIZON` lives must
     pay for the requests a switch strands in the old mode."""
     gain = _stay_loss(old, new, load)
-    return gain > SWITCH_MARGIN * _tpot(new, load) and gain * SWITCH_HORIZON > _switch_loss(old, new, load)
+    return gain > SWITCH_MARGIN * _tpot(new, load) and gain * SWITCH_HORIZON > _switch_loss(old, new, load, follow)
+
+
+def _may_leave(eagle: BackendState, plain: BackendState, load: float, state: GroupState, follow: bool) -> bool:
+    """Whether a group running speculation should turn to plain decode at `load` (the load a request meets over
+    its life): worth it against draining its EAGLE requests, or, where they follow the switch, against their
+    re-prefill if the gain holds at its settled load too (a passing peak is switched back: its drain is the
+    price)."""
+    return _worth_switching(eagle, plain, load) or (follow and _worth_switching(eagle, plain, min(load, state.settled), follow=True))
 
 
 def _may_speculate(plain: BackendState, eagle: BackendState, load: float, state: GroupState) -> bool:
