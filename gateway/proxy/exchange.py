@@ -93,7 +93,7 @@ class ProxyResponse(Response):
         self._usage: dict[str, Any] | None = None
         self._result: StreamResult | None = None  # what the stream relay saw
         self._finish: str | None = None  # a whole response's finish reason (sampled requests only)
-        self._handoff: Handoff | None = None  # while a stream that may move is relayed
+        self._handoff: Handoff | None = None  # while a stream that may move is waited for or relayed
         self._moved_from: str | None = None  # the backend its stream started on, once another went on with it
         self._given = 0  # output tokens earlier backends gave it, in the prompt of the backend that went on
         # Whether its response teaches the policy: unmoved, or moved only by its handover (all but its first
@@ -164,6 +164,10 @@ class ProxyResponse(Response):
                 if self._client_left:  # before the exchange began: counted, nothing sent
                     return
                 self._slot = self._admit()
+                if job.stream and self._goes_on_elsewhere():
+                    # Movable from its routing on: a switch while its backend prefills (a burst's first
+                    # requests, on the mode the rest turned from) moves it at its first token.
+                    self._handoff = Handoff()
                 resp = await self._dispatch()
             except OpenAIError as err:
                 self._status = str(err.status)
@@ -405,7 +409,7 @@ class ProxyResponse(Response):
             slot.on_progress = rt.progress
         # A stream another backend could go on with keeps its token events: the text it goes on from when
         # the policy moves it or its backend drops it.
-        keep = [] if slot.weight == 1 and job.forced is None and job.dialect.continues(job.body) else None
+        keep = [] if self._continues_elsewhere() else None
         result = await self._relay(resp, send, on_first, keep)
         first, chunks = result, result.token_chunks
         while keep and (target := await self._goes_on(result)) is not None:
@@ -485,10 +489,12 @@ class ProxyResponse(Response):
         rt, job, slot = self._rt, self._job, self._slot
         assert slot is not None
         gaps = GapBuffer(rt.metrics.itl.labels(slot.backend.name))  # ITL, added to the histogram once per stream
-        self._handoff = Handoff() if keep is not None and rt.policy.move_running else None
+        if on_first is None:  # a continuation: the first relay's was made at routing (`_goes_on_elsewhere`)
+            self._handoff = Handoff() if keep is not None and rt.policy.move_running else None
         decision = job.decision
-        if on_first is not None and self._handoff is not None and decision is not None and decision.then is not None:
-            self._handoff.request(decision.then)  # a handover: the first token here, the rest there
+        handoff = self._handoff
+        if on_first is not None and handoff is not None and handoff.target is None and decision is not None and decision.then is not None:
+            handoff.request(decision.then)  # a handover: the first token here, the rest there
         rt.pacer.streams += 1
         try:
             return await job.dialect.relay(
@@ -538,6 +544,16 @@ class ProxyResponse(Response):
         else:
             await rt.health.confirm_unreachable(name, f"stream {kind}")
         return resume_on(rt, job, name) or name
+
+    def _continues_elsewhere(self) -> bool:
+        """Whether another backend could go on with this stream: one sequence, not forced to its backend, in a
+        dialect that continues an answer."""
+        job, slot = self._job, self._slot
+        return slot is not None and slot.weight == 1 and job.forced is None and job.dialect.continues(job.body)
+
+    def _goes_on_elsewhere(self) -> bool:
+        """Whether the policy may move this stream: it could go on elsewhere, and the policy moves streams."""
+        return self._rt.policy.move_running and self._continues_elsewhere()
 
     def running(self, key: str) -> Running | None:
         """This response as the policy sees a running request, while its stream can be moved."""

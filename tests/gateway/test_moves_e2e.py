@@ -216,6 +216,29 @@ async def test_a_moved_chat_answer_reads_as_the_unmoved_one(sims: tuple[str, str
     assert moved == [("plain", LIMIT)]
 
 
+async def test_a_stream_moved_before_its_first_token_goes_on_elsewhere_after_it(sims: tuple[str, str]) -> None:
+    """A burst's first request is still waiting for its first token on EAGLE when the next one switches the
+    group: it is offered to the move (nothing relayed yet) and goes on on plain after its first token."""
+    async with gateway(*sims) as (rt, client):
+        model = served_model(sims)
+        reference, reference_usage, _ = await chat(client, model, route="eagle")
+        httpx.post(sims[0] + "/_test/fault", json={"kind": "slow_first_token", "seconds": 0.5}).raise_for_status()
+        try:
+            answer = asyncio.ensure_future(chat(client, model))
+            await until(lambda: any(r.routed_to == "eagle" for r in rt.requests), "the answer waits on EAGLE")
+            await chat(client, model, max_tokens=4)  # routed to plain: the policy moves the waiting answer
+            text, usage, chunks = await answer
+        finally:
+            httpx.post(sims[0] + "/_test/fault", json={"kind": "clear"}).raise_for_status()
+        (waiting,) = [r for asked in rt.policy.asked for r in asked if r.backend == "eagle"]
+        assert waiting.chunks == 0 and waiting.max_tokens == LIMIT
+        assert moves(rt, "eagle", "plain") == 1
+        assert text == reference
+        assert (usage.prompt_tokens, usage.completion_tokens) == (reference_usage.prompt_tokens, reference_usage.completion_tokens)
+        assert len([c for c in chunks if c.choices and c.choices[0].delta.role]) == 1
+        assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}
+
+
 async def test_a_moved_completion_keeps_its_usage_and_limit(sims: tuple[str, str]) -> None:
     async with gateway(*sims) as (rt, client):
         model = served_model(sims)
