@@ -93,6 +93,10 @@ class FakeBackend:
         return app
 
 
+# The sockets `refused_url` holds, for the life of the test process.
+_HELD: list[socket.socket] = []
+
+
 @asynccontextmanager
 async def serving(fake: FakeBackend) -> AsyncIterator[FakeBackend]:
     """Run `fake` on a free loopback port (its `url` is set) until the block ends."""
@@ -102,8 +106,9 @@ async def serving(fake: FakeBackend) -> AsyncIterator[FakeBackend]:
 
 
 def refused_url() -> str:
-    """A loopback URL nothing listens on (the port was free a moment ago)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    """A loopback URL whose port this process holds bound and never listens on: a connection is refused, and
+    no other server (another test's, run in parallel) can be given the port while the tests run."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _HELD.append(sock)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
