@@ -162,9 +162,9 @@ class GatewayMetrics:
         ))
         self.moves = Labelled(Counter(
             "specgate_moves",
-            "Streams continued mid-answer on another backend: moved by the policy after a routing (switch) or while "
-            "no request arrives (drain), handed over after their first token (handover) or after theirs dropped "
-            "them (resume)",
+            "Streams moved to another backend, continued mid-answer or, before their first token, sent there whole: "
+            "moved by the policy after a routing (switch) or while no request arrives (drain), handed over after "
+            "their first token (handover) or after theirs dropped them (resume)",
             ["from", "to", "reason"],
             registry=r,
         ))

@@ -221,6 +221,15 @@ class GatewayRouter:
         flight.segment_at = None
         flight.chunks_before = flight.token_chunks
 
+    def resent(self, request: Request, to: int, now: float) -> None:
+        """`request`, which had no token yet, was sent whole to server `to`: its slot moves there, as a failover's."""
+        flight = self._flights[request.rid]
+        flight.slot.move_to(self.pool.names[to])
+        if flight.key is not None:
+            self.pool.board.prefix.insert(flight.key.keys, flight.slot.backend.index, now)
+        flight.handover = False
+        flight.teaches = False  # as the exchange's resent answer
+
     def _prompt(self, key: PromptKey | None, max_tokens: int, now: float) -> Prompt | None:
         """What admission tells the policy of a prompt: its length, each backend's predicted hold and how
         long ago that prefix was last sent."""

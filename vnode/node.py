@@ -102,8 +102,42 @@ class Node:
         )
         self._flights[request.rid] = _Flight(request, sim, index, sent, on_done, spec.tier, sim.text_start)
         server.submit(sim)
-        for rid, to in self.router.take_moves():  # each leaves at its next chunk, as a relay stops between events
-            self._flights[self._engine_rids.get(rid, rid)].move_to = to
+        for rid, to in self.router.take_moves():
+            flight = self._flights[self._engine_rids.get(rid, rid)]
+            if rid == request.rid:  # its handover: it leaves after its first token
+                flight.move_to = to
+            else:
+                self._leave(flight, to, now)
+
+    def _leave(self, flight: _Flight, to: int, now: float) -> None:
+        """A move, as the exchange makes it: a request with no token yet is sent again whole now; one streaming
+        leaves at its next chunk, as a relay stops between events."""
+        if flight.times:
+            flight.move_to = to
+        else:
+            self._resend(flight, to, now)
+
+    def _resend(self, flight: _Flight, to: int, now: float) -> None:
+        """What a gateway's move does to a request that has no token yet: it is aborted where it waits and
+        sent whole to server `to` (its handover, if any, dropped). Left where it is if `to` cannot hold it."""
+        request = flight.request
+        server = self.servers[to]
+        try:
+            server.core.check_fits(request.prompt_tokens, request.max_tokens)
+        except RequestError:
+            return
+        old = flight.sim
+        self.servers[flight.server].core.abort(old, now)
+        del self._flights[old.rid]
+        sim = SimRequest(
+            rid=f"{request.rid}~sent{next(self._rids)}", prompt_ids=request.prompt_ids, max_new_tokens=request.max_tokens, is_streaming=True,
+            text_start=flight.start, created=0.0,
+        )
+        flight.sim, flight.server, flight.move_to = sim, to, None
+        self._flights[sim.rid] = flight
+        self._engine_rids[request.rid] = sim.rid
+        self.router.resent(request, to, now)
+        server.submit(sim)
 
     def _move(self, flight: _Flight, to: int, now: float) -> None:
         """What a gateway's move does to a request: it is aborted where it runs and sent to server `to` with
@@ -154,11 +188,11 @@ class Node:
                 self._move(flight, to, now)
 
     def _drain(self, look: DrainLook) -> None:
-        """The router's look after a response ended: the requests it moves leave at their next chunk."""
+        """The router's look after a response ended: the requests it moves leave (`_leave`)."""
         for rid, to in self.router.drain(look):
             flight = self._flights.get(self._engine_rids.get(rid, rid))
             if flight is not None:
-                flight.move_to = to
+                self._leave(flight, to, self.events.now)
 
     @staticmethod
     def _cached(flight: _Flight) -> int:

@@ -53,6 +53,10 @@ class Router(Protocol):
         """`request` goes on at server `to` with `produced` output tokens given back."""
         ...
 
+    def resent(self, request: Request, to: int, now: float) -> None:
+        """`request`, moved before its first token, was sent whole to server `to` at `now`."""
+        ...
+
     def drain_look(self, now: float) -> DrainLook | None:
         """A response ended at `now` (after `finish`): when to call `drain`, if ever."""
         ...
@@ -96,6 +100,9 @@ class LeastInFlightRouter:
         return []  # a balancer never moves a request
 
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        raise AssertionError("a balancer moves nothing")
+
+    def resent(self, request: Request, to: int, now: float) -> None:
         raise AssertionError("a balancer moves nothing")
 
     def drain_look(self, now: float) -> DrainLook | None:

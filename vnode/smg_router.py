@@ -197,6 +197,9 @@ class SmgCacheAwareRouter:
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
         raise AssertionError("SMG moves nothing")
 
+    def resent(self, request: Request, to: int, now: float) -> None:
+        raise AssertionError("SMG moves nothing")
+
     def drain_look(self, now: float) -> DrainLook | None:
         return None
 

@@ -66,6 +66,16 @@ def continue_on(rt: Runtime, job: ProxyJob, slot: Slot, target: str, max_tokens:
     _sent(rt, job, slot)
 
 
+def resend_on(rt: Runtime, job: ProxyJob, slot: Slot, target: str, reason: str) -> None:
+    """`slot`'s request, moved before its response began, is sent whole to backend `target` (`reason`: why the
+    policy moved it, as its count is labelled)."""
+    with rt.pool.board.routing:
+        source = slot.backend.name
+        slot.move_to(target)
+    rt.metrics.moves.labels(source, target, reason).inc()
+    _sent(rt, job, slot)
+
+
 def resume_on(rt: Runtime, job: ProxyJob, failed: str) -> str | None:
     """Where a started stream that `failed` dropped goes on: the policy decides again, as for a failover
     (a forced request never moves); None: nowhere else."""

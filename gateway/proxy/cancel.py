@@ -3,6 +3,8 @@
 The client leaving or the shutdown ends a proxied exchange by cancelling the request's task;
 `ExchangeCancel` counts the cancellations the response asked for, so exactly those are absorbed
 where the exchange is awaited and any other (the server cancelling the request) still propagates.
+A move before the response's first byte cancels only the wait for it (`resend`), absorbed where the
+request is sent, so that it is sent elsewhere.
 (Why not a task of its own per exchange: docs/benchmarks/gateway-overhead.md.)
 """
 
@@ -14,11 +16,12 @@ import asyncio
 class ExchangeCancel:
     """The request's task while its exchange runs (`running`), and the cancellations asked of it here."""
 
-    __slots__ = ("_task", "_asked")
+    __slots__ = ("_task", "_asked", "_resends")
 
     def __init__(self) -> None:
         self._task: asyncio.Task[object] | None = None
         self._asked = 0
+        self._resends = 0
 
     def running(self, task: asyncio.Task[object] | None) -> None:
         """The exchange runs in `task` from now on (None: it stopped; later `cancel` calls do nothing)."""
@@ -37,3 +40,18 @@ class ExchangeCancel:
         for _ in range(self._asked):
             task.uncancel()
         return self._asked > 0 and task.cancelling() == 0
+
+    def resend(self) -> bool:
+        """Cancel the exchange's wait for its backend's response, to send it elsewhere; False when it is not running."""
+        if self._task is None:
+            return False
+        self._resends += 1
+        self._task.cancel()
+        return True
+
+    def take_resend(self, task: asyncio.Task[object]) -> bool:
+        """After a CancelledError in `task` where it is sent: True when only `resend` caused it (now undone)."""
+        resends, self._resends = self._resends, 0
+        for _ in range(resends):
+            task.uncancel()
+        return resends > 0 and task.cancelling() == 0

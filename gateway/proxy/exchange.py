@@ -10,7 +10,7 @@ closes the upstream connection, which makes SGLang abort the request. With traci
 trace goes upstream and a sampled one's `ExchangeRecord` (gateway/telemetry) is told the exchange's
 steps; its `Outcome` goes to that record and to the access log. A stream the policy moves, or whose
 backend drops it, goes on on another backend from its text so far (`continuation.py`), one answer
-for the client.
+for the client; moved before its backend began the response, it is sent to the other one whole.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from gateway.edge.client_watch import watch_client
 from gateway.errors import OpenAIError
 from gateway.policies import FAILOVER, Completion, Running
 from gateway.pool.backends import Backend, Slot
-from gateway.proxy.admission import admit, continue_on, fail_over, resume_on
+from gateway.proxy.admission import admit, continue_on, fail_over, resend_on, resume_on
 from gateway.proxy.cancel import ExchangeCancel
 from gateway.proxy.continuation import continuation
 from gateway.proxy.drain import response_ended
@@ -94,6 +94,9 @@ class ProxyResponse(Response):
         self._result: StreamResult | None = None  # what the stream relay saw
         self._finish: str | None = None  # a whole response's finish reason (sampled requests only)
         self._handoff: Handoff | None = None  # while a stream that may move is waited for or relayed
+        self._sending = False  # waiting for its backend's response head: a move sends it elsewhere whole
+        self._resent_from: str | None = None  # the backend it was first sent to, once sent whole to another
+        self._rid: str | None = None  # the id SGLang knows it by (`rid`), once encoded
         self._moved_from: str | None = None  # the backend its stream started on, once another went on with it
         self._given = 0  # output tokens earlier backends gave it, in the prompt of the backend that went on
         # Whether its response teaches the policy: unmoved, or moved only by its handover (all but its first
@@ -248,7 +251,7 @@ class ProxyResponse(Response):
             finish,
             result.error_kind if result is not None else None,
             self._client_left,
-            self._moved_from,
+            self._moved_from or self._resent_from,
         )
 
     def _encode(self, backend: Backend) -> bytes:
@@ -262,6 +265,8 @@ class ProxyResponse(Response):
         )
         if job.prepare is not None:
             job.prepare(body, backend.name)
+        rid = body.get("rid")
+        self._rid = rid if isinstance(rid, str) else None
         try:
             return orjson.dumps(body)
         except orjson.JSONEncodeError as exc:  # parsed fine, but e.g. nested deeper than orjson's 255 levels
@@ -277,7 +282,10 @@ class ProxyResponse(Response):
         while True:
             backend = self._backend
             try:
-                resp = await self._post(backend)
+                resp = await self._send(backend)
+                if resp is None:
+                    await self._resend(backend.name)
+                    continue
                 rt.health.report_success(backend.name)
                 return resp
             except ConnectFailed as exc:
@@ -298,6 +306,53 @@ class ProxyResponse(Response):
                 raise OpenAIError(
                     502, f"backend {backend.name} sent an invalid response", code="upstream_bad_response", type="server_error"
                 ) from exc
+
+    async def _send(self, backend: Backend) -> WireResponse | None:
+        """`_post` the request; None when a move came before the response head (`move`): it goes elsewhere whole."""
+        self._sending = self._handoff is not None
+        try:
+            return await self._post(backend)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            assert task is not None, "a response runs in a task"
+            if not self._exchange.take_resend(task):
+                raise
+            return None
+        finally:
+            self._sending = False
+
+    async def _resend(self, source: str) -> None:
+        """The policy moved the request while `source` had not begun its response: its slot goes to the move's
+        target and `source` is told to drop it, before the request is sent there whole. A closed connection
+        alone would leave it running: before a stream's first chunk, SGLang looks for a client that left only
+        every few seconds."""
+        rt, job, slot, handoff = self._rt, self._job, self._slot, self._handoff
+        assert slot is not None and handoff is not None and handoff.target is not None
+        resend_on(rt, job, slot, handoff.target, handoff.reason)
+        self._handoff = Handoff()  # movable there too, until its first token and after
+        self._resent_from = self._resent_from or source
+        # It teaches nothing, as a stream moved mid-answer: a move comes with a switch, whose moved and
+        # resent prompts the target prefills in the first steps of this answer's window.
+        self._teaches = False
+        await self._abort(source)
+
+    async def _abort(self, backend: str) -> None:
+        """POST SGLang's `/abort_request` for this request's `rid` to `backend`; a failure is counted, not raised."""
+        rt = self._rt
+        if self._rid is None:
+            return
+        try:
+            async with asyncio.timeout(rt.settings.timeouts.connect):
+                resp = await rt.upstreams[backend].post("/abort_request", orjson.dumps({"rid": self._rid}))
+            resp.close()
+            if resp.status == 200:
+                return
+        except (WireError, TimeoutError):
+            pass
+        except Exception as exc:
+            if local_kind(exc) is None:
+                raise
+        rt.metrics.upstream_errors.labels(backend, "abort").inc()
 
     async def _post(self, backend: Backend, body: bytes | None = None) -> WireResponse:
         """POST the request (or a continuation's `body`) upstream; a failure of the gateway's own
@@ -493,7 +548,7 @@ class ProxyResponse(Response):
             self._handoff = Handoff() if keep is not None and rt.policy.move_running else None
         decision = job.decision
         handoff = self._handoff
-        if on_first is not None and handoff is not None and handoff.target is None and decision is not None and decision.then is not None:
+        if on_first is not None and handoff is not None and handoff.target is None and decision is not None and decision.then is not None and self._resent_from is None:
             handoff.request(decision.then)  # a handover: the first token here, the rest there
         rt.pacer.streams += 1
         try:
@@ -565,10 +620,13 @@ class ProxyResponse(Response):
         return Running(key, slot.backend.name, slot.chunks, slot.max_tokens, prompt.tokens, prompt.cached, self._given)
 
     def move(self, target: str, reason: str = "switch") -> None:
-        """End the stream on its backend after its next token event and continue it on `target` (`reason`:
-        "switch" or "drain", which labels its count)."""
+        """End the stream on its backend after its next token event and continue it on `target`, or, while its
+        backend has not begun the response, send it to `target` whole now (`reason`: "switch" or "drain",
+        which labels its count)."""
         if self._handoff is not None:
             self._handoff.request(target, reason)
+            if self._sending:
+                self._exchange.resend()
 
     async def _continue(
         self, target: str, text: str | None, reason: str

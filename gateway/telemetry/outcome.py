@@ -24,4 +24,4 @@ class Outcome:
     finish_reason: str | None = None
     error: str | None = None  # how the upstream exchange failed, when it did
     client_gone: bool = False
-    moved_from: str | None = None  # the backend its stream started on, when another went on with it
+    moved_from: str | None = None  # the backend its stream started on (or was first sent to), when another answered it

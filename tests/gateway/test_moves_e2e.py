@@ -1,5 +1,6 @@
 """A stream moved mid-answer: the gateway ends it on its backend between two token events and another
-backend goes on with it (its text so far given back), one answer for the client.
+backend goes on with it (its text so far given back), one answer for the client; moved before its first
+token, it is sent to the other backend whole.
 
 Driven with the real `openai` client through the gateway's HTTP server against two simulated servers
 (a greedy model: an answer continued elsewhere goes on exactly as it would have); the routing policy
@@ -107,7 +108,7 @@ class DrainingPolicy(ScriptedPolicy):
 @pytest.fixture(scope="module")
 def sims() -> Iterator[tuple[str, str]]:
     with SimFactory() as factory:
-        eagle = factory.start("--role", "eagle", "--enable-test-endpoints")
+        eagle = factory.start("--role", "eagle", "--enable-test-endpoints", "--enable-metrics")
         plain = factory.start("--role", "plain")
         yield eagle.url(), plain.url()
 
@@ -173,11 +174,13 @@ def moves(rt: Runtime, source: str, target: str, reason: str = "switch") -> floa
     return rt.metrics.registry.get_sample_value("specgate_moves_total", {"from": source, "to": target, "reason": reason}) or 0.0
 
 
-async def chat(client: openai.AsyncOpenAI, model: str, route: str | None = None, max_tokens: int = LIMIT) -> tuple[str, Any, list[Any]]:
-    """Stream one chat answer; its text, usage and chunks."""
+async def chat(
+    client: openai.AsyncOpenAI, model: str, route: str | None = None, max_tokens: int = LIMIT, rid: str | None = None
+) -> tuple[str, Any, list[Any]]:
+    """Stream one chat answer (`rid`: the id SGLang knows it by); its text, usage and chunks."""
     stream = await client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=max_tokens, stream=True, stream_options={"include_usage": True},
-        extra_headers={"x-specgate-route": route} if route else None,
+        extra_headers={"x-specgate-route": route} if route else None, extra_body={"rid": rid} if rid else None,
     )
     chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -216,15 +219,26 @@ async def test_a_moved_chat_answer_reads_as_the_unmoved_one(sims: tuple[str, str
     assert moved == [("plain", LIMIT)]
 
 
-async def test_a_stream_moved_before_its_first_token_goes_on_elsewhere_after_it(sims: tuple[str, str]) -> None:
+def aborts_asked(sim_url: str) -> float:
+    """The `/abort_request` calls a simulated server answered with 200."""
+    for line in httpx.get(sim_url + "/metrics").text.splitlines():
+        if line.startswith("sglang:http_responses_total{") and 'endpoint="/abort_request"' in line and 'status_code="200"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_stream_moved_before_its_first_token_is_sent_whole_where_it_moved(sims: tuple[str, str], tmp_path: Path) -> None:
     """A burst's first request is still waiting for its first token on EAGLE when the next one switches the
-    group: it is offered to the move (nothing relayed yet) and goes on on plain after its first token."""
-    async with gateway(*sims) as (rt, client):
+    group: it is offered to the move (nothing relayed yet), EAGLE is told to drop it, and plain answers it
+    whole, as if it had been routed there."""
+    log = tmp_path / "access.log"
+    async with gateway(*sims, access_log=log) as (rt, client):
         model = served_model(sims)
         reference, reference_usage, _ = await chat(client, model, route="eagle")
-        httpx.post(sims[0] + "/_test/fault", json={"kind": "slow_first_token", "seconds": 0.5}).raise_for_status()
+        aborts = aborts_asked(sims[0])
+        httpx.post(sims[0] + "/_test/fault", json={"kind": "slow_first_token", "seconds": 5}).raise_for_status()
         try:
-            answer = asyncio.ensure_future(chat(client, model))
+            answer = asyncio.ensure_future(chat(client, model, rid="early-mover"))
             await until(lambda: any(r.routed_to == "eagle" for r in rt.requests), "the answer waits on EAGLE")
             await chat(client, model, max_tokens=4)  # routed to plain: the policy moves the waiting answer
             text, usage, chunks = await answer
@@ -233,10 +247,18 @@ async def test_a_stream_moved_before_its_first_token_goes_on_elsewhere_after_it(
         (waiting,) = [r for asked in rt.policy.asked for r in asked if r.backend == "eagle"]
         assert waiting.chunks == 0 and waiting.max_tokens == LIMIT
         assert moves(rt, "eagle", "plain") == 1
+        assert aborts_asked(sims[0]) == aborts + 1
+        (dropped,) = httpx.get(sims[0] + "/_test/requests", params={"rid": "early-mover"}).json()
+        assert dropped["state"] == "aborted"
         assert text == reference
         assert (usage.prompt_tokens, usage.completion_tokens) == (reference_usage.prompt_tokens, reference_usage.completion_tokens)
         assert len([c for c in chunks if c.choices and c.choices[0].delta.role]) == 1
         assert {b.name: b.inflight for b in rt.pool} == {"eagle": 0, "plain": 0}
+        # Moved with a switch, it teaches nothing: the forced reference and the short request that moved it do.
+        assert [(c.backend, c.output_tokens) for c in rt.policy.learned] == [("eagle", LIMIT), ("plain", 4)]
+    lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    moved = [(line["backend"], line["completion_tokens"]) for line in lines if line["moved_from"] == "eagle"]
+    assert moved == [("plain", LIMIT)]
 
 
 async def test_a_moved_completion_keeps_its_usage_and_limit(sims: tuple[str, str]) -> None:

@@ -195,14 +195,29 @@ class MovingAll(ThresholdPolicy):
         return [r.key for r in running]
 
 
-def test_a_response_moved_mid_answer_teaches_nothing(round_profile: Path) -> None:
-    """As the exchange: its rest decoded while a switch drained, its life spans both modes."""
-    events, node, observed = pair_routed_by(MovingAll(100), round_profile)
+def moved_by_a_switch(profile: Path, at: float) -> tuple[RequestRecord, GatewayRouter, list[Completion]]:
+    """A 13-token answer on EAGLE that a 3-token request arriving `at` seconds later moves to plain: the
+    answer's record, the router and what its policy learned."""
+    events, node, observed = pair_routed_by(MovingAll(100), profile)
     moved: list[RequestRecord] = []
-    short: list[RequestRecord] = []
     words = " ".join(["word"] * 20)
     events.at(0.0, ARRIVAL, node.submit, RequestSpec(words, 20, output_len=13), moved.append)
-    events.at(0.010, ARRIVAL, node.submit, RequestSpec(words, 20, output_len=3), short.append)  # after EAGLE's first chunks
+    events.at(at, ARRIVAL, node.submit, RequestSpec(words, 20, output_len=3), lambda _: None)
     events.run()
-    assert moved[0].completion_tokens == 13 and len(moved[0].chunk_texts[-1].split()) == 1  # it did move: plain's chunks
+    assert isinstance(node.router, GatewayRouter)
+    return moved[0], node.router, observed
+
+
+def test_a_response_moved_mid_answer_teaches_nothing(round_profile: Path) -> None:
+    """As the exchange: its rest decoded while a switch drained, its life spans both modes."""
+    moved, _, observed = moved_by_a_switch(round_profile, 0.010)  # after EAGLE's first chunks
+    assert moved.completion_tokens == 13 and len(moved.chunk_texts[-1].split()) == 1  # it did move: plain's chunks
     assert [(c.backend, c.output_tokens) for c in observed] == [("g0-plain", 3)]
+
+
+def test_a_response_moved_before_its_first_token_is_answered_where_it_moved_and_teaches_nothing(round_profile: Path) -> None:
+    """As the exchange: sent whole to plain with the switch, its window holds the switch's prefills."""
+    moved, router, observed = moved_by_a_switch(round_profile, 0.0)  # before its first token
+    assert moved.completion_tokens == 13 and {len(t.split()) for t in moved.chunk_texts} == {1}  # plain's, all
+    assert [(c.backend, c.output_tokens) for c in observed] == [("g0-plain", 3)]
+    assert {b.name: b.inflight for b in router.pool} == {"g0-eagle": 0, "g0-plain": 0}

@@ -71,6 +71,7 @@ class Fixed:
         self.routed = self.finished = 0
         self.last = -1
         self.moved_to: list[tuple[str, int, int]] = []
+        self.resent_to: list[tuple[str, int]] = []
         self.looked: list[float] = []
 
     def route(self, request: Request, now: float) -> int:
@@ -89,6 +90,9 @@ class Fixed:
 
     def moved(self, request: Request, to: int, produced: int, now: float) -> None:
         self.moved_to.append((request.rid, to, produced))
+
+    def resent(self, request: Request, to: int, now: float) -> None:
+        self.resent_to.append((request.rid, to))
 
     def drain_look(self, now: float) -> DrainLook | None:
         return DrainLook(now + self.look, self.finished - 1) if self.look else None
@@ -134,6 +138,23 @@ def test_a_moved_request_goes_on_where_it_left_off_on_its_new_server(round_profi
     assert record.answer == before.answer
     # From the move on, plain decode: a token a chunk (its EAGLE chunks carried up to 4).
     assert [len(t.split()) for t in record.chunk_texts][-(13 - produced):] == [1] * (13 - produced)
+
+
+def test_a_request_moved_before_its_first_token_is_sent_whole_to_its_new_server(round_profile: Path) -> None:
+    alone = node_of(replicas("plain", 1, round_profile))
+    unmoved = send(alone, RequestSpec(WORDS, 20, output_len=13))
+    alone.events.run()
+    router = Fixed([0, 1], moves={1: ["vnode-0"]})  # the second routing, at the same instant, moves the first
+    node = node_of(colocated(round_profile), router)
+    moved = send(node, RequestSpec(WORDS, 20, output_len=13))
+    send(node, RequestSpec(WORDS, 20, output_len=3))
+    node.events.run()
+    (record,), (before,) = moved, unmoved
+    assert router.resent_to == [("vnode-0", 1)] and router.moved_to == []
+    assert node.servers[0].core.num_aborted == 1  # dropped where it waited
+    # Plain's answer from its first token: its prompt prefilled there, a token a chunk, the text unmoved.
+    assert record.completion_tokens == 13 and record.prompt_tokens == before.prompt_tokens
+    assert record.answer == before.answer and [len(t.split()) for t in record.chunk_texts] == [1] * 13
 
 
 def test_a_look_after_a_response_ended_moves_a_request_and_never_keeps_time_going(round_profile: Path) -> None:
