@@ -29,29 +29,34 @@ class ExchangeCancel:
 
     def cancel(self) -> bool:
         """Cancel the exchange; False when it is not running."""
-        if self._task is None:
-            return False
-        self._asked += 1
-        self._task.cancel()
-        return True
+        return self._ask(resend=False)
 
     def absorb(self, task: asyncio.Task[object]) -> bool:
         """After a CancelledError in `task`: True when only this object's cancellations caused it (now undone)."""
-        for _ in range(self._asked):
-            task.uncancel()
-        return self._asked > 0 and task.cancelling() == 0
+        return _undone(task, self._asked)
 
     def resend(self) -> bool:
         """Cancel the exchange's wait for its backend's response, to send it elsewhere; False when it is not running."""
-        if self._task is None:
-            return False
-        self._resends += 1
-        self._task.cancel()
-        return True
+        return self._ask(resend=True)
 
     def take_resend(self, task: asyncio.Task[object]) -> bool:
         """After a CancelledError in `task` where it is sent: True when only `resend` caused it (now undone)."""
         resends, self._resends = self._resends, 0
-        for _ in range(resends):
-            task.uncancel()
-        return resends > 0 and task.cancelling() == 0
+        return _undone(task, resends)
+
+    def _ask(self, *, resend: bool) -> bool:
+        if self._task is None:
+            return False
+        if resend:
+            self._resends += 1
+        else:
+            self._asked += 1
+        self._task.cancel()
+        return True
+
+
+def _undone(task: asyncio.Task[object], count: int) -> bool:
+    """Undo `count` cancellations of `task`; True when they were all it had."""
+    for _ in range(count):
+        task.uncancel()
+    return count > 0 and task.cancelling() == 0
