@@ -365,7 +365,7 @@ class AdaptivePolicy(Policy):
                 continue
             states = [self._state(v, self._outlook(v), self._kinds.lines) for v in members]
             priced = self._priced(states, strays, eagle[0].name)
-            keys = drain(states, priced, self._prefill.get(True, 0.0), tail, eagle[0].kv_tokens)
+            keys = drain(states, priced, self._stall_cost(True), tail, eagle[0].kv_tokens)
             if keys:
                 self._drained.add(plain[0].name)
                 out.extend((key, eagle[0].name) for key in keys)
@@ -690,12 +690,18 @@ class AdaptivePolicy(Policy):
             takeover=self._takeover(view, remaining) if self.move_running else None,
         )
 
+    def _stall_cost(self, kind: bool) -> float:
+        """Seconds a prompt token re-prefilled on a `kind` server stalls its batch: as its engines count their
+        prefill (else their kinds' mean), else as times to first token taught it (its queueing included,
+        which stalls no one); 0: not known."""
+        return self._engine_prefill.cost.get(kind) or self._engine_prefill_cost() or self._prefill.get(kind, 0.0)
+
     def _takeover(self, view: BackendView, remaining: float) -> float | None:
         """`BackendState.takeover`: the prompt tokens its requests were sent to prefill and their output so far,
         at the other kind's prefill cost as the engines count it (else their kinds' mean, else as its times to
         first token taught it), over a mean response; None while none is known."""
         kind = not view.speculative
-        cost = self._engine_prefill.cost.get(kind) or self._engine_prefill_cost() or self._prefill.get(kind)
+        cost = self._stall_cost(kind)
         if not cost:
             return None
         per_request = (self._sent.mean or 0.0) + (1.0 - remaining) * self._mean_output

@@ -45,8 +45,8 @@ KV_ROOM = "adaptive_kv_room"
 # for this many mean gaps between the latest arrivals, ...
 DRAIN_QUIET = 4.0
 # ... when the longest has this many mean responses' output still to come (a long tail, not a lull's
-# ordinary answer), and their decode saved pays this many times their re-prefill (there and, should
-# requests come again, back).
+# ordinary answer), and their decode saved pays this many times the stall of their re-prefill (there
+# and, should requests come again, back).
 DRAIN_TAIL = 2.0
 DRAIN_PRICE = 2.0
 # A request going to an EAGLE server is answered its first token by the plain server of its group when
@@ -502,16 +502,29 @@ def drain(members: Sequence[BackendState], strays: Sequence[Stray], prefill: flo
     """Which plain streams of a co-located group move to its EAGLE server while no request arrives: all of
     them or none (a group that kept some on plain would run both servers' steps every round).
 
-    They go when the longest has at least `tail` output tokens still to come, each one's saved decode
-    pays `DRAIN_PRICE` times its re-prefill (`moves`' price, `prefill` seconds a token), and their
-    prompts and whole outputs fit the EAGLE server's `room` KV tokens (0: not known).
+    They go when the longest has at least `tail` output tokens still to come, their prompts and whole
+    outputs fit the EAGLE server's `room` KV tokens (0: not known), and the decode they save together,
+    each one's remaining output at the group's load now, pays `DRAIN_PRICE` times what their re-prefill
+    stalls (`prefill` seconds a token, the engine's: every stream on the EAGLE server then waits for all of
+    it). Priced as a whole, not each its own (`moves`): a short one that goes along is paid for by
+    the long ones, which is what moving all or none buys.
     """
     if not strays or max(s.remaining for s in strays) < tail:
         return []
     if room and sum(s.reprefill + s.remaining for s in strays) > room:
         return []
-    chosen = moves(members, True, strays, DRAIN_PRICE * prefill, float(sum(b.inflight for b in members)))
-    return chosen if len(chosen) == len(strays) else []
+    target = next((b for b in members if b.speculative), None)
+    source = next((b for b in members if not b.speculative), None)
+    if target is None or target.line is None or not target.available or source is None or source.line is None:
+        return []
+    if any(s.backend != source.name for s in strays) or (target.cap is not None and target.inflight + len(strays) > target.cap):
+        return []
+    load = float(sum(b.inflight for b in members))
+    saved = sum(s.remaining for s in strays) * (_tpot(source, load) - _tpot(target, load))
+    stall = prefill * sum(s.reprefill for s in strays) * (target.inflight + len(strays))
+    if saved <= 0.0 or saved < DRAIN_PRICE * stall:
+        return []
+    return [s.key for s in sorted(strays, key=lambda s: -s.remaining)]
 
 
 def first_token_server(chosen: BackendState, members: Sequence[BackendState], uncached: Mapping[str, float]) -> str | None:
