@@ -127,6 +127,7 @@ def test_a_burst_is_not_a_rise() -> None:
     for k in range(8):
         forecast.arrived(5.0 + 0.0003 * k, 4 + k)
     assert forecast.load(5.0024, 12) == 13.0
+    assert forecast.in_burst(5.0024) and not forecast.in_burst(5.05)  # the next one of it, or not
     # The same eight spread over 60 ms are a step up in open-loop load: their rise is carried ahead.
     stepped = LoadForecast()
     stepped.finished(1.0)
@@ -134,6 +135,7 @@ def test_a_burst_is_not_a_rise() -> None:
     for k in range(8):
         stepped.arrived(5.0 + 0.0075 * k, 4 + k)
     assert stepped.load(5.06, 12) > 13.0 + 4
+    assert not stepped.in_burst(5.06)
 
 
 def test_a_closed_loop_replacing_completions_in_waves_reads_its_concurrency() -> None:

@@ -130,6 +130,8 @@ def test_speculation_is_left_at_the_price_of_moving_its_young_streams_where_the_
     assert choose(young, settled) == ("plain-g0", "adaptive_group_switch")
     # A passing peak (the group settled at 2, where EAGLE is faster) would be switched back: its drain is the price.
     assert choose(young, {"g0": GroupState(3.25, True, settled=2.0)}) == ("eagle-g0", "adaptive_group_stay")
+    # Unless the request comes in a burst, whose size the load it settled at before does not tell: its streams move.
+    assert choose(young, {"g0": GroupState(3.25, True, settled=2.0, burst=True)}) == ("plain-g0", "adaptive_group_switch")
     # So is a switch whose streams would not follow it, or whose re-prefill is not known.
     assert choose(young, settled, strays_follow=False) == ("eagle-g0", "adaptive_group_stay")
     assert choose([replace(young[0], takeover=None), young[1]], settled) == ("eagle-g0", "adaptive_group_stay")

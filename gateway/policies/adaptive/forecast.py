@@ -90,6 +90,10 @@ class LoadForecast:
             return now
         return max(self._mean(at, SETTLED_LIVES * self.life), now)
 
+    def in_burst(self, at: float) -> bool:
+        """Whether a request routed at `at` comes in one burst with the one routed before it (`_instant`)."""
+        return self._first < len(self._times) and at - self._times[-1] <= self._instant()
+
     def quiet(self, at: float) -> float:
         """How long it has been at `at` since the latest arrival, in mean gaps between the last
         `MET_ARRIVALS` arrivals (infinite after arrivals of one instant); 0 before that many."""

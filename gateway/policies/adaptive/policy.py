@@ -760,7 +760,9 @@ class AdaptivePolicy(Policy):
         load, settled, arriving = self._group_loads(snapshot)
         trying = self._trying(snapshot)
         prefilling = self._prefilling()
-        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving, prefilling) for v in snapshot.backends}
+        burst = self._forecast.in_burst(snapshot.at)
+        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving, prefilling, burst)
+                for v in snapshot.backends}
 
     def _prefilling(self) -> float:
         """The share of a group's time that each request in flight there brings prefill to it: as many arrive

@@ -101,6 +101,9 @@ class GroupState:
     # The share of its time each request in flight brings its engines' prefill to (the arrivals it stands
     # for): its requests decode that much slower than its servers' curves, which are of decode alone.
     prefilling: float = 0.0
+    # The request comes in one burst with the one before it: how many more come in it is not known, so the
+    # load it settled at before says nothing of whether the load now passes.
+    burst: bool = False
 
 
 @dataclass(frozen=True)
@@ -354,9 +357,10 @@ def _worth_switching(old: BackendState, new: BackendState, load: float, follow: 
 def _may_leave(eagle: BackendState, plain: BackendState, load: float, state: GroupState, follow: bool) -> bool:
     """Whether a group running speculation should turn to plain decode at `load` (the load a request meets over
     its life): worth it against draining its EAGLE requests, or, where they follow the switch, against their
-    re-prefill if the gain holds at its settled load too (a passing peak is switched back: its drain is the
-    price)."""
-    return _worth_switching(eagle, plain, load) or (follow and _worth_switching(eagle, plain, min(load, state.settled), follow=True))
+    re-prefill if the gain holds at its settled load too, or the request comes in a burst (a passing peak is
+    switched back: its drain is the price)."""
+    held = load if state.burst else min(load, state.settled)
+    return _worth_switching(eagle, plain, load) or (follow and _worth_switching(eagle, plain, held, follow=True))
 
 
 def _may_speculate(plain: BackendState, eagle: BackendState, load: float, state: GroupState) -> bool:
