@@ -105,11 +105,17 @@ class DrainingPolicy(ScriptedPolicy):
         return [(r.key, "eagle") for r in running if r.backend == "plain"]
 
 
+# The simulators' durations times this: an answer must outlast the routing of the request sent to move it
+# on 2 busy cores. At 1, EAGLE streams the rest of a 60-token answer 0.2 s after its fifth chunk, and in a
+# CI run the answer ended before the move; at 5, 1.1 s.
+SLOW = "5"
+
+
 @pytest.fixture(scope="module")
 def sims() -> Iterator[tuple[str, str]]:
     with SimFactory() as factory:
-        eagle = factory.start("--role", "eagle", "--enable-test-endpoints", "--enable-metrics")
-        plain = factory.start("--role", "plain")
+        eagle = factory.start("--role", "eagle", "--enable-test-endpoints", "--enable-metrics", "--time-scale", SLOW)
+        plain = factory.start("--role", "plain", "--time-scale", SLOW)
         yield eagle.url(), plain.url()
 
 
