@@ -329,7 +329,7 @@ async def test_answers_that_cannot_go_on_elsewhere_are_not_offered(sims: tuple[s
 async def test_a_move_nobody_can_take_ends_the_stream_with_an_error_and_frees_its_slot() -> None:
     """The target refuses connections and the backend it left counts no tokens: the client gets an
     error event after the text it had, nothing hangs, nothing stays in flight."""
-    fake = FakeBackend(tokens=400, token_gap=0.005)
+    fake = FakeBackend(tokens=2000, token_gap=0.005)  # 10 s or more: it still streams when the move comes
     async with serving(fake), gateway(fake.url, refused_url()) as (rt, client):
         rt.pool["plain"].health = Health.READY
         answer = asyncio.ensure_future(chat(client, MODEL))
