@@ -334,6 +334,7 @@ async def test_a_move_nobody_can_take_ends_the_stream_with_an_error_and_frees_it
         rt.pool["plain"].health = Health.READY
         answer = asyncio.ensure_future(chat(client, MODEL))
         await until(lambda: streaming_on(rt, "eagle", 5), "the answer streams on EAGLE")
+        fake.tokens = 4  # the short request's answer, where it fails over from plain
         with contextlib.suppress(openai.APIError):  # the short request, which plain refuses
             await chat(client, MODEL, max_tokens=4)
         with pytest.raises(openai.APIError, match="no backend could go on with the answer"):
