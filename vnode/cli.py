@@ -1,9 +1,11 @@
 """`python -m vnode`: `envelope` (one profile's same-hardware envelope in virtual time), `family` (the profile
-family's sweep) and `family-compare` (two sweeps' verdicts and ratios side by side)."""
+family's sweep), `family-compare` (two sweeps' verdicts and ratios side by side) and `family-ceiling` (what
+one fixed mode per level reaches on specgate's layout)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +30,8 @@ from loadtest.progress import progress_for
 from loadtest.report import command_line, write_all
 from loadtest.table import summary_table, table_console
 from loadtest.workload_options import RATE_HELP, REQUESTS_HELP, WorkloadChoice, workload_options
+from vnode.ceiling import run_ceiling
+from vnode.ceiling_report import ceiling_json, ceiling_markdown, level_text, verdict
 from vnode.envelope import EnvelopeSpec, run_envelope
 from vnode.family import Member, family, members
 from vnode.family_compare import THRESHOLD, compare, comparison_lines, load_cells
@@ -197,13 +201,23 @@ def _members(text: str) -> list[Member]:
         raise bad_parameter("--members", exc) from None
 
 
+def _family_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options `family` and `family-ceiling` share: the members, the workloads, the processes, the seed."""
+    options = (
+        click.option("--members", "member_text", default="family", show_default=True, metavar="family|grid|NAME,...",
+                     help="the default family (29 members), the whole grid (240), or members named like x16-s2-line-k2"),
+        click.option("--workloads", "workload_text", default=",".join(WORKLOADS), show_default=True, metavar="LIST",
+                     help="workloads to run each member under"),
+        click.option("--jobs", type=click.IntRange(min=1), default=None, help="processes [default: one per core]"),
+        click.option("--seed", type=int, default=0, show_default=True),
+    )
+    for option in reversed(options):  # as stacked decorators apply: the last first
+        command = option(command)
+    return command
+
+
 @main.command("family")
-@click.option("--members", "member_text", default="family", show_default=True, metavar="family|grid|NAME,...",
-              help="the default family (29 members), the whole grid (240), or members named like x16-s2-line-k2")
-@click.option("--workloads", "workload_text", default=",".join(WORKLOADS), show_default=True, metavar="LIST",
-              help="workloads to run each member under")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="processes [default: one per core]")
-@click.option("--seed", type=int, default=0, show_default=True)
+@_family_options
 @click.option("--input-len", type=click.IntRange(min=1), default=Scale.input_len, show_default=True)
 @click.option("--output-len", type=click.IntRange(min=2), default=Scale.output_len, show_default=True)
 @click.option("--requests-factor", type=click.IntRange(min=1), default=1, show_default=True,
@@ -222,10 +236,7 @@ def family_command(member_text: str, workload_text: str, jobs: int | None, seed:
                    markdown_file: Path | None) -> None:
     """Every member of the profile family under every workload; the worst ratio per bound, and what fails."""
     chosen = _members(member_text)
-    names = [w.strip() for w in workload_text.split(",") if w.strip()]
-    unknown = [w for w in names if w not in WORKLOADS]
-    if unknown or not names:
-        raise click.BadParameter(f"workloads are {', '.join(WORKLOADS)}; got {workload_text!r}", param_hint="--workloads")
+    names = _workloads(workload_text)
     params = parse_policy_params(policy_params)
     began = time.perf_counter()
     scale = replace(Scale(), input_len=input_len, output_len=output_len).times(requests_factor)
@@ -241,6 +252,41 @@ def family_command(member_text: str, workload_text: str, jobs: int | None, seed:
         out_file.write_bytes(cells_json(cells, seconds))
     if markdown_file is not None:
         markdown_file.write_text(family_markdown(cells, seconds, command_line(click.get_current_context(), PROGRAM)))
+
+
+@main.command("family-ceiling")
+@_family_options
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write every cell's levels here (JSON)")
+@click.option("--markdown", "markdown_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the report here (Markdown)")
+def family_ceiling_command(member_text: str, workload_text: str, jobs: int | None, seed: int, out_file: Path | None,
+                           markdown_file: Path | None) -> None:
+    """Every member under every workload on specgate's own layout with one fixed mode assignment (every group on
+    EAGLE, every group plain, half each), each level judged by the workload's bounds: which of specgate's misses
+    some assignment per level would meet (the policy's) and which none does (the layout's or the bounds')."""
+    chosen = _members(member_text)
+    names = _workloads(workload_text)
+    began = time.perf_counter()
+    cells = run_ceiling(chosen, names, seed=seed, jobs=jobs or len(os.sched_getaffinity(0)))
+    seconds = time.perf_counter() - began
+    for cell in cells:
+        missed = "; ".join(level_text(lv) for lv in cell.levels if not lv.specgate or not lv.met_by)
+        click.echo(f"{cell.member} {cell.workload}: {verdict(cell)}" + (f" ({missed})" if missed else ""))
+    counts = {k: sum(1 for c in cells if verdict(c) == k) for k in ("met", "met beyond", "policy", "layout")}
+    click.echo(", ".join(f"{k} {n}" for k, n in counts.items()) + f" of {len(cells)} cells in {seconds:.1f} s")
+    if out_file is not None:
+        out_file.write_bytes(ceiling_json(cells, seconds))
+    if markdown_file is not None:
+        markdown_file.write_text(ceiling_markdown(cells, seconds, command_line(click.get_current_context(), PROGRAM)))
+
+
+def _workloads(text: str) -> list[str]:
+    names = [w.strip() for w in text.split(",") if w.strip()]
+    unknown = [w for w in names if w not in WORKLOADS]
+    if unknown or not names:
+        raise click.BadParameter(f"workloads are {', '.join(WORKLOADS)}; got {text!r}", param_hint="--workloads")
+    return names
 
 
 @main.command("family-compare")

@@ -29,6 +29,7 @@ from loadtest.sweep import Level, Progress, SweepSettings, Target
 from loadtest.workloads.plan import Plan, Session, Turn
 from vnode.clients import run_plan
 from vnode.events import EventQueue
+from vnode.router import Router
 from vnode.smg_router import SmgSettings
 from vnode.targets import Draws, TargetSpec, same_hardware_targets
 
@@ -92,11 +93,12 @@ def sweep_target(
     draws: Draws = "server",
     hop: float = 0.0,
     taught: bool = False,
+    router: Router | None = None,
 ) -> list[LevelResult]:
     """One target through the warm-up and every level, on a fresh node (`taught`: see `EnvelopeSpec`; the chat
-    template's 7 tokens added to the prompt)."""
+    template's 7 tokens added to the prompt; `router`: one in place of the target's own, see `TargetSpec.node`)."""
     events = EventQueue()
-    node = target.node(events, draws=draws, hop=hop,
+    node = target.node(events, router=router, draws=draws, hop=hop,
                        taught=(settings.input_len + CHAT_TEMPLATE_TOKENS, settings.output_len) if taught else None)
     warm = warm_up_plan(settings)
     if warm is not None:

@@ -151,12 +151,19 @@ def cell_document(
 ) -> ResultsDocument:
     """`member` under `workload`: its envelope in virtual time (each request's own acceptance draws on every
     target), with the workload's bounds checked; `taught`: specgate's policy starts knowing its servers' curves."""
+    with tempfile.TemporaryDirectory(prefix="vnode-family-") as tmp:
+        return run_envelope(cell_spec(member, workload, Path(tmp), scale, seed, policy_params, taught))
+
+
+def cell_spec(
+    member: Member, workload: Workload, directory: Path, scale: Scale = Scale(), seed: int = 0,
+    policy_params: dict[str, object] | None = None, taught: bool = False,
+) -> EnvelopeSpec:
+    """The envelope `cell_document` runs, the member's profile file written to `directory` (which must outlast it)."""
     profile = member.profile()
     settings = workload.settings(profile, member.groups, scale, seed)
-    with tempfile.TemporaryDirectory(prefix="vnode-family-") as tmp:
-        spec = EnvelopeSpec(Hardware(member.groups, profile.num_gpus), settings, BASE_PROFILE, member.write(Path(tmp)),
-                            policy_params=policy_params or {}, bounds=workload.bounds, draws="request", taught=taught)
-        return run_envelope(spec)
+    return EnvelopeSpec(Hardware(member.groups, profile.num_gpus), settings, BASE_PROFILE, member.write(directory),
+                        policy_params=policy_params or {}, bounds=workload.bounds, draws="request", taught=taught)
 
 
 def run_cell(

@@ -1,0 +1,54 @@
+"""The static ceiling: specgate's layout pinned to one mode assignment, each level judged by the cell's bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from click.testing import CliRunner
+
+from vnode.ceiling import PinnedRouter, assignments, pinned_servers
+from vnode.cli import main
+from vnode.gateway_router import BackendSpec
+from vnode.requests import Request
+
+
+def _backends(groups: int) -> list[BackendSpec]:
+    return [BackendSpec(f"g{g}-{kind}", kind == "eagle", f"g{g}") for g in range(groups) for kind in ("eagle", "plain")]
+
+
+def test_each_assignment_pins_the_servers_of_its_modes() -> None:
+    two, four = _backends(2), _backends(4)
+    assert [two[i].name for i in pinned_servers(two, "eagle")] == ["g0-eagle", "g1-eagle"]
+    assert [two[i].name for i in pinned_servers(two, "plain")] == ["g0-plain", "g1-plain"]
+    assert [two[i].name for i in pinned_servers(two, "split")] == ["g0-eagle", "g1-plain"]
+    assert [four[i].name for i in pinned_servers(four, "split")] == ["g0-eagle", "g1-eagle", "g2-plain", "g3-plain"]
+    assert assignments(1) == ("eagle", "plain") and assignments(2) == ("eagle", "plain", "split")
+
+
+def test_a_pinned_router_balances_over_its_servers_only() -> None:
+    router = PinnedRouter([b.name for b in _backends(2)], [1, 3])
+    requests = [Request(f"r{i}", (), [1, 2, 3], "k", 4) for i in range(4)]
+    chosen = [router.route(r, 0.0) for r in requests]
+    assert sorted(chosen) == [1, 1, 3, 3]  # least in flight: two each, never an EAGLE server
+    router.finish(requests[0], 1.0, 4)
+    router.finish(requests[2], 1.0, 4)
+    assert router.route(Request("r4", (), [1], "k", 4), 1.0) == chosen[0]  # the freed one first (ties rotate)
+
+
+def test_the_ceiling_names_the_assignment_that_meets_each_level(tmp_path: Path) -> None:
+    """Crossover 8 on one group, closed loop: EAGLE alone meets the levels below the crossover, plain alone from
+    it on; a router that ignored the assignment would give both the same verdicts."""
+    out, markdown = tmp_path / "ceiling.json", tmp_path / "ceiling.md"
+    result = CliRunner().invoke(main, ["family-ceiling", "--members", "x8-s2-line-k1", "--workloads", "closed",
+                                       "--jobs", "1", "--out", str(out), "--markdown", str(markdown)])
+    assert result.exit_code == 0, result.output
+    (cell,) = orjson.loads(out.read_bytes())["cells"]
+    met_by = {lv["label"]: lv["met_by"] for lv in cell["levels"]}
+    assert met_by == {"C=1": ["eagle"], "C=2": ["eagle"], "C=4": ["eagle"], "C=8": ["plain"], "C=16": ["plain"],
+                      "C=32": ["plain"], "C=64": ["plain"], "C=128": ["plain"], "C=256": ["plain"]}
+    assert cell["attainable"] and cell["one_assignment"] == []
+    expected = "met" if cell["specgate"] else "policy"
+    assert f"x8-s2-line-k1 closed: {expected}" in result.output
+    report = markdown.read_text()
+    assert "python -m vnode family-ceiling --members x8-s2-line-k1" in report and f"| x8-s2-line-k1 | {expected} |" in report
