@@ -4,12 +4,14 @@ Every committed envelope starts each target at its lightest level, where specgat
 on a few requests at a time before the load rises. Here each cell is one long open-loop level at a share
 of plain-dp's capacity on a fresh node and gateway, nothing learned before: specgate against plain-dp,
 eagle-dp and adaptive-dp on the same GPUs (behind the least-in-flight balancer and, for K > 1, SMG's
-cache_aware router), each request's own acceptance draws. Per cell: each target's output tok/s, TPOT p50,
-E2E p50 and p99, specgate's ratio to the best baseline and the share of its requests that speculated; with
-`--before`, the same figures from an earlier run (another policy) beside them.
+cache_aware router), each request's own acceptance draws. Workloads: random prompts, multi-turn chat, and
+the Mooncake conversation trace (its first `--trace-requests`, each sent once on the trace's own schedule
+scaled to the level's rate: long prompts, about 12,000 tokens on average). Per cell: each target's output
+tok/s, TPOT p50, E2E p50 and p99, specgate's ratio to the best baseline and the share of its requests that
+speculated; with `--before`, the same figures from an earlier run (another policy) beside them.
 
-    python benchmarks/cold_start.py [--out docs/benchmarks/cold-start] [--requests 4096] [--jobs 2] \
-      [--before OLD.json]
+    python benchmarks/cold_start.py [--out docs/benchmarks/cold-start] [--requests 4096] [--trace-requests 512] \
+      [--workloads random,multi-turn,trace] [--jobs 2] [--before OLD.json]
 """
 
 from __future__ import annotations
@@ -30,16 +32,21 @@ from vnode.envelope import run_envelope  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LOADS = (0.5, 0.9)
-WORKLOADS = ("random", "multi-turn")
+WORKLOADS = ("random", "multi-turn", "trace")
+TRACE_REQUESTS = 512
 SPECGATE = "specgate"
 
 
-def cell(machine_index: int, workload: str, load: float, requests: int) -> dict[str, Any]:
-    """One profile x workload x load: a single level of `requests` from a cold start."""
+def cell(machine_index: int, workload: str, load: float, requests: int, trace_requests: int = TRACE_REQUESTS) -> dict[str, Any]:
+    """One profile x workload x load: a single level of `requests` from a cold start (the trace: its first
+    `trace_requests`, each once)."""
     machine = MACHINES[machine_index]
     began = time.perf_counter()
-    rate = load * capacity(machine, workload)
-    doc = run_envelope(spec(machine, settings_for(workload, (level_at(workload, rate),), requests)),
+    if workload == "trace":
+        requests = trace_requests
+    rate = load * capacity(machine, workload, trace_requests=trace_requests)
+    level = level_at(workload, rate, trace_requests)
+    doc = run_envelope(spec(machine, settings_for(workload, (level,), requests, trace_requests=trace_requests)),
                        command="benchmarks/cold_start.py")
     (level,) = doc.levels
     targets = {}
@@ -54,7 +61,7 @@ def cell(machine_index: int, workload: str, load: float, requests: int) -> dict[
             "seconds": time.perf_counter() - began}
 
 
-def _run(job: tuple[int, str, float, int]) -> dict[str, Any]:
+def _run(job: tuple[int, str, float, int, int]) -> dict[str, Any]:
     return cell(*job)
 
 
@@ -70,10 +77,13 @@ def markdown(data: dict[str, Any], before: dict[str, Any] | None) -> str:
     if before:
         sources += (f"; before: `{before['command']}` on the policy before the reach trial, raw "
                     "[cold-start-before.json](cold-start-before.json)")
+    sizes = {c["workload"]: c["requests"] for c in data["cells"]}
+    size = ", ".join(f"{n} ({w})" for w, n in sizes.items())
     lines = ["# A gateway started under load (vnode)", "",
              f"Command: `{data['command']}` ({data['seconds']:.0f} s on this 2-core machine). {sources}.", "",
-             ("Each cell is one open-loop level (Poisson arrivals) at a share of plain-dp's capacity on that workload, "
-              f"{data['cells'][0]['requests']} requests, on a fresh node and gateway: nothing was learned at a lighter "
+             ("Each cell is one open-loop level at a share of plain-dp's capacity on that workload (Poisson arrivals; "
+              f"the trace on its own schedule, scaled to the rate) of {size} requests, on a fresh node and gateway: "
+              "nothing was learned at a lighter "
               "load first. Ratios are specgate's to the best baseline (plain-dp, eagle-dp, adaptive-dp, behind the "
               "least-in-flight balancer and, for K > 1, SMG's cache_aware router); speculated: the share of its "
               "requests decoded on EAGLE servers. Latencies in model ms."), "",
@@ -110,11 +120,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks/cold-start")
     parser.add_argument("--requests", type=int, default=4096, help="per cell (its one level)")
+    parser.add_argument("--trace-requests", type=int, default=TRACE_REQUESTS, help="the trace's cells: its first requests")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of " + ", ".join(WORKLOADS))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--machines", default=",".join(str(i) for i in range(len(MACHINES))), help="indices into MACHINES")
     parser.add_argument("--before", type=Path, default=None, help="an earlier run's JSON to show beside")
     args = parser.parse_args(argv)
-    jobs = [(int(m), w, load, args.requests) for m in args.machines.split(",") for w in WORKLOADS for load in LOADS]
+    workloads = args.workloads.split(",")
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(unknown)}")
+    jobs = [(int(m), w, load, args.requests, args.trace_requests) for m in args.machines.split(",") for w in workloads for load in LOADS]
     began = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(_run, jobs))

@@ -263,6 +263,26 @@ def test_a_prompt_goes_where_its_prefix_lives_once_prefill_cost_is_known() -> No
     assert policy.choose(groups((2, 0), (3, 0)), prompt=Prompt(3000.0, {}, 64)).backend == "g0-eagle"
 
 
+def test_a_prompt_is_priced_at_one_prefill_cost_on_either_kind_so_a_held_block_does_not_choose_the_mode() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    # Times to first token over 2,000 uncached tokens: 0.3 s on EAGLE servers (their queue for KV room in
+    # them), 0.04 s on plain ones.
+    for _ in range(5):
+        policy.observe(Completion("g0-eagle", 65, 0.3, 64 * LLAMA_EAGLE.at(2), 2.0, 2.0, 22, prompt_tokens=2000))
+        policy.observe(Completion("g0-plain", 65, 0.04, 64 * LLAMA_PLAIN.at(2), 2.0, 2.0, 64, prompt_tokens=2000))
+    costs = policy.beliefs()["prefill_seconds_per_token"]
+    assert costs["eagle"] > 5 * costs["plain"]
+    node = groups((1, 0), (1, 0))
+    # A 30,000-token prompt of which g1's plain server holds one 512-token block: priced at each kind's own
+    # cost, its prefill there looked 8 s cheaper than on an EAGLE server and sent it to decode beside g1's
+    # EAGLE request; the block is worth 0.15 s, and the decode curves choose.
+    block = Prompt(30_000.0, {"g1-plain": 512.0}, max_tokens=100)
+    assert policy.choose(node, prompt=block).backend.endswith("-eagle")
+    # A prefix worth more than the decode it costs is still followed to where it lives.
+    history = Prompt(30_000.0, {"g1-plain": 29_000.0}, max_tokens=100)
+    assert policy.choose(node, prompt=history) == Decision("g1-plain", "adaptive_prefix_beside")
+
+
 def with_kv(snapshot: PoolSnapshot, **capacity: int) -> PoolSnapshot:
     """`snapshot` with the KV capacities (tokens) its engines reported, by backend name with `_` for `-`."""
     views = []

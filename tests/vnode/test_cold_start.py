@@ -78,3 +78,16 @@ def test_a_reach_trial_that_ends_unread_leaves_its_group_speculating() -> None:
     level = cell(H200_K8, "random", 0.9, REQUESTS)
     assert level["targets"]["specgate"]["speculated"] > 0.6
     assert level["targets"]["specgate"]["failed"] == 0
+
+
+def test_a_gateway_restarted_under_long_prompts_speculates_where_speculation_decodes_them_faster() -> None:
+    # h200-llama8b at 90% of plain-dp's capacity on the Mooncake trace's first 512 requests (prompts of about
+    # 12,000 tokens that share a block now and then), from a fresh start. EAGLE servers' first tokens come
+    # later (their queue for a co-located server's smaller KV share), so priced at each kind's learned
+    # prefill cost a prompt of which a plain server held one block was sent there to decode: a quarter of
+    # the requests speculated and E2E p50 was 2.0x eagle-dp's. At one price for every server the decode
+    # curves choose.
+    level = cell(H200_K8, "trace", 0.9, 0)
+    assert level["targets"]["specgate"]["failed"] == 0
+    assert level["targets"]["specgate"]["speculated"] > 0.6
+    assert level["ratios"]["e2e_p50_ratio"] < 1.5

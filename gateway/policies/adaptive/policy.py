@@ -708,14 +708,20 @@ class AdaptivePolicy(Policy):
         return view.inflight * per_request * cost / self._mean_output
 
     def _prompt_cost(self, available: list[BackendView], prompt: Prompt | None) -> PromptCost | None:
-        """The request's prefill on each backend at its kind's learned cost, and its expected output;
-        None without a prompt, before any prefill cost was learned, or when no backend holds any of it
-        (every option then prefills it all: the load alone decides)."""
+        """The request's prefill on each backend, at one cost for every backend (the dearest kind's learned
+        one), and its expected output; None without a prompt, before any prefill cost was learned, or when
+        no backend holds any of it (every option then prefills it all: the load alone decides).
+
+        One cost, since what the kinds' costs differ by is not their prefill but what else their times
+        to first token held (EAGLE's longer steps, its queue for a co-located server's smaller KV share):
+        priced apart, a long prompt of which one server held a block went to the kind that had shown the
+        shorter first tokens, whatever the decode curves chose. The dearest keeps a held prefix worth
+        what the slowest first tokens showed."""
         costs = self._prefill_costs()
         if prompt is None or not prompt.cached or not costs:
             return None
-        cost = max(costs.values())  # a kind not yet measured: as dear as the dearest
-        prefill = {v.name: prompt.uncached(v.name) * costs.get(v.speculative, cost) for v in available}
+        cost = max(costs.values())
+        prefill = {v.name: prompt.uncached(v.name) * cost for v in available}
         output = float(prompt.max_tokens) if prompt.max_tokens is not None else self._mean_output
         return PromptCost(prefill, max(output, 1.0), self._reuse(), self._persistence(prompt))
 

@@ -118,7 +118,7 @@ class _Option:
 @dataclass(frozen=True)
 class PromptCost:
     """What a request's prompt costs where it goes: seconds of prefill per backend (the prompt tokens
-    that backend would have to prefill, at its kind's learned prefill cost), and the output it is
+    that backend would have to prefill, at the learned prefill cost), and the output it is
     expected to decode, in tokens, against which a faster decode weighs."""
 
     prefill: Mapping[str, float]
