@@ -712,11 +712,10 @@ class AdaptivePolicy(Policy):
         one), and its expected output; None without a prompt, before any prefill cost was learned, or when
         no backend holds any of it (every option then prefills it all: the load alone decides).
 
-        One cost, since what the kinds' costs differ by is not their prefill but what else their times
-        to first token held (EAGLE's longer steps, its queue for a co-located server's smaller KV share):
-        priced apart, a long prompt of which one server held a block went to the kind that had shown the
-        shorter first tokens, whatever the decode curves chose. The dearest keeps a held prefix worth
-        what the slowest first tokens showed."""
+        One cost: the kinds' learned costs differ not by their prefill but by what else their first tokens
+        waited for (EAGLE's longer steps, its queue for a co-located server's smaller KV share), which is
+        no reason to prefer a kind (the decode curves choose the mode); the dearest keeps a held prefix
+        worth what the slowest first tokens showed."""
         costs = self._prefill_costs()
         if prompt is None or not prompt.cached or not costs:
             return None
