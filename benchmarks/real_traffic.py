@@ -2,6 +2,7 @@
 policy, on real-traffic workloads in virtual time (issue 28 part 4): docs/benchmarks/real-traffic.md and .json.
 
     python benchmarks/real_traffic.py [--out docs/benchmarks/real-traffic] [--jobs 2] [--seed 0] [--trace-requests 128]
+                                      [--eagle-kv-share S]
 
 Cells: profile (field-8gpu K=1, llama8b-h100 K=8, the calibrated h200-llama8b K=8) x workload (shared-prefix,
 multi-turn, a window of the Mooncake conversation trace, random), each open loop at 10, 30, 50, 70 and 90% of
@@ -14,6 +15,10 @@ requests): 2x the lowest TTFT p50 and 1.5x the lowest TPOT p50 of any target the
 output tok/s >= 0.97x, TTFT p50 <= 1.10x and E2E p50 <= 1.05x the best baseline (SMG's included) at every rate;
 `random` the routing issue's open-loop bounds (tok/s >= 0.97x, E2E p50 <= 1.05x, E2E p99 <= 1.10x); no failed
 request anywhere.
+
+specgate's co-located groups split their memory as the launcher does by default unless `--eagle-kv-share` gives
+EAGLE's share of the KV room the two copies leave (`backends.resolve.memory_split`, as `specgate plan
+--eagle-kv-shares` tries); the baselines' servers each have their GPUs alone either way.
 """
 
 from __future__ import annotations
@@ -25,15 +30,17 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backends.resolve import memory_split, request_kv_gb  # noqa: E402
 from loadtest.envelope.baselines import Router  # noqa: E402
 from loadtest.envelope.comparison import FAILED, Bound  # noqa: E402
 from loadtest.envelope.fair import Hardware  # noqa: E402
+from loadtest.envelope.timescale import profile_for  # noqa: E402
 from loadtest.results import ResultsDocument  # noqa: E402
 from loadtest.stats import Slo  # noqa: E402
 from loadtest.sweep import Level, RequestsPerLevel, SweepSettings  # noqa: E402
@@ -67,6 +74,7 @@ class Machine:
     profile_file: str | None
     groups: int
     gpus_per_group: int
+    eagle_kv_share: float | None = None  # EAGLE's share of a co-located group's KV room; None: the launcher's split
 
 
 MACHINES = (
@@ -114,8 +122,20 @@ def settings_for(workload: str, levels: tuple[Level, ...], requests: int, slo: S
                          input_len=128, output_len=128, dataset=dataset(workload, trace_requests), slo=slo, seed=seed)
 
 
+def hardware(machine: Machine) -> Hardware:
+    """The machine's groups, split at its `eagle_kv_share` (keeping the launcher's plain KV floor) when it sets one."""
+    if machine.eagle_kv_share is None:
+        return Hardware(machine.groups, machine.gpus_per_group)
+    profile = profile_for(machine.profile, ROOT / machine.profile_file if machine.profile_file else None)
+    split = memory_split(profile.memory, machine.gpus_per_group, eagle_kv_share=machine.eagle_kv_share,
+                         plain_kv_floor_gb=request_kv_gb(profile))
+    if split is None:
+        raise SystemExit(f"{machine.label}: the two copies of the weights leave no KV room to split")
+    return Hardware(machine.groups, machine.gpus_per_group, split["eagle"], split["plain"])
+
+
 def spec(machine: Machine, settings: SweepSettings, bounds: tuple[Bound, ...] = ()) -> EnvelopeSpec:
-    return EnvelopeSpec(Hardware(machine.groups, machine.gpus_per_group), settings, machine.profile,
+    return EnvelopeSpec(hardware(machine), settings, machine.profile,
                         Path(ROOT / machine.profile_file) if machine.profile_file else None, bounds=bounds,
                         draws="request", routers=routers(machine))
 
@@ -145,7 +165,8 @@ def cell(machine: Machine, workload: str, seed: int = 0, trace_requests: int = T
     settings = settings_for(workload, tuple(level_at(workload, r, trace_requests) for r in rates), REQUESTS, slo, seed,
                             trace_requests)
     doc = run_envelope(spec(machine, settings, bounds), command="benchmarks/real_traffic.py")
-    return {"machine": machine.label, "workload": workload, "capacity_request_s": cap, "loads": list(LOADS),
+    return {"machine": machine.label, "workload": workload, "eagle_kv_share": machine.eagle_kv_share,
+            "capacity_request_s": cap, "loads": list(LOADS),
             "rates": rates, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms}, "levels": _levels(doc),
             "checks": [c.to_json() for c in doc.envelope.checks] if doc.envelope else [],
             "all_met": bool(doc.envelope and doc.envelope.all_met), "seconds": time.perf_counter() - began}
@@ -170,9 +191,10 @@ def _levels(doc: ResultsDocument) -> list[dict[str, Any]]:
     return rows
 
 
-def _run(job: tuple[int, str, int, int]) -> dict[str, Any]:
-    machine_index, workload, seed, trace_requests = job
-    return cell(MACHINES[machine_index], workload, seed, trace_requests)
+def _run(job: tuple[int, str, int, int, float | None]) -> dict[str, Any]:
+    machine_index, workload, seed, trace_requests, eagle_kv_share = job
+    machine = replace(MACHINES[machine_index], eagle_kv_share=eagle_kv_share)
+    return cell(machine, workload, seed, trace_requests)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -184,14 +206,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--seed", type=int, default=0, help="draws every workload's requests and arrivals")
     parser.add_argument("--trace-requests", type=int, default=TRACE_REQUESTS, help="the trace window: its first requests")
+    parser.add_argument("--eagle-kv-share", type=float, default=None,
+                        help="EAGLE's share of each co-located group's KV room (default: the launcher's split)")
     args = parser.parse_args(argv)
-    jobs = [(int(m), w, args.seed, args.trace_requests) for m in args.machines.split(",") for w in args.workloads.split(",")]
+    jobs = [(int(m), w, args.seed, args.trace_requests, args.eagle_kv_share)
+            for m in args.machines.split(",") for w in args.workloads.split(",")]
     began = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(_run, jobs))
     command = "python benchmarks/real_traffic.py " + " ".join(sys.argv[1:] if argv is None else argv)
     data = {"command": command.strip(), "seconds": time.perf_counter() - began, "raw": args.out.with_suffix(".json").name,
-            "trace_requests": args.trace_requests, "cells": cells}
+            "trace_requests": args.trace_requests, "eagle_kv_share": args.eagle_kv_share, "cells": cells}
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
     args.out.with_suffix(".md").write_text(markdown(data))
     print(f"wrote {args.out}.md and .json in {data['seconds']:.0f} s")

@@ -136,6 +136,9 @@ def markdown(data: dict[str, Any]) -> str:
         "<= 1.10x, no failed request.",
         "",
     ]
+    if data.get("eagle_kv_share") is not None:
+        lines += [f"specgate's co-located groups split at EAGLE {data['eagle_kv_share']:g} of the KV room the two "
+                  "copies of the weights leave (`--eagle-kv-share`; the launcher's default is 0.5).", ""]
     if headline is not None:
         lines += _headline(headline)
     lines += _summary(cells)

@@ -41,7 +41,9 @@ from loadtest.workloads.lengths import LengthDist
 from vnode.envelope import CHAT_TEMPLATE_TOKENS, QuietProgress, level_plans, sweep_target
 from vnode.targets import Draws, TargetSpec, same_hardware_targets
 
-DEFAULT_KV_SHARES = (0.5, 0.75)  # the launcher's even split first, then EAGLE at three quarters of the KV room
+# The launcher's even split first; then EAGLE at three quarters of the KV room, for traffic that speculates under
+# load; then plain at 0.7 of it, for traffic that decodes plain under load and leaves EAGLE's room idle.
+DEFAULT_KV_SHARES = (0.5, 0.75, 0.3)
 BAND = 0.01  # ratios this close rank as equal (a few requests per level move them about that much)
 BASELINES = ("plain-dp", "eagle-dp", "adaptive-dp")
 _NO_MONITOR = Monitor({}, {})

@@ -54,7 +54,7 @@ def test_the_table_ranks_every_candidate_and_write_config_is_a_serve_config_of_t
     assert code == 0, output
     assert "Layouts, best first" in output and "predicted per level" in output
     assert "eagle 0.376: 30.1 GB" in output and "plain-only 0.88" in output  # each server's memory
-    assert "6 candidate layouts (0 refused), 12 sweeps in" in output
+    assert "8 candidate layouts (0 refused), 14 sweeps in" in output
     settings = load_settings(config)
     plan = build_plan(settings.launch, eagle_cap=settings.resolved_policy.eagle_cap)
     assert [(e.backend, e.group) for e in plan.endpoints] == [
@@ -87,8 +87,8 @@ def test_a_layout_that_cannot_hold_the_model_is_refused_with_the_reason() -> Non
     code, output = plan_cli("--profile", "field-8gpu", "--concurrency", "1", "--requests-per-level", "2",
                             "--input-len", "16", "--output-len", "8", "--warmup", "0", "--jobs", "1")
     assert code == 0, output
-    assert output.count("refused: two copies of the weights") == 6  # 8 x 1 and 4 x 2, each split and mix
-    assert "16 candidate layouts (8 refused)" in output  # and 8 x 1 one-mode: one GPU holds no copy
+    assert output.count("refused: two copies of the weights") == 8  # 8 x 1 and 4 x 2, each split and mix
+    assert "20 candidate layouts (10 refused)" in output  # and 8 x 1 one-mode: one GPU holds no copy
     code, output = plan_cli("--profile", "field-8gpu", "--gpus", "2", "--concurrency", "1")
     assert code == 2 and "no layout of 2 GPUs holds the model" in output and "do not fit in 0.8 of 1 x 180 GB" in output
 
