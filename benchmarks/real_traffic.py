@@ -215,11 +215,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(_run, jobs))
     command = "python benchmarks/real_traffic.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    data = {"command": command.strip(), "seconds": time.perf_counter() - began, "raw": args.out.with_suffix(".json").name,
+    raw, report = outputs(args.out)
+    data = {"command": command.strip(), "seconds": time.perf_counter() - began, "raw": raw.name,
             "trace_requests": args.trace_requests, "eagle_kv_share": args.eagle_kv_share, "cells": cells}
-    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(data))
-    print(f"wrote {args.out}.md and .json in {data['seconds']:.0f} s")
+    raw.write_text(json.dumps(data, indent=1))
+    report.write_text(markdown(data))
+    print(f"wrote {report} and {raw.name} in {data['seconds']:.0f} s")
+
+
+def outputs(out: Path) -> tuple[Path, Path]:
+    """The raw data and the report `--out` names: OUT.json and OUT.md (a dot in OUT is part of the name,
+    as in `field-kv0.3`; a trailing .json or .md is dropped)."""
+    base = out.with_suffix("") if out.suffix in (".json", ".md") else out
+    return base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """benchmarks/real_traffic.py's `--eagle-kv-share`: specgate's co-located groups split their KV room as given
 (the splits `specgate plan` tries), the baselines untouched. On field-8gpu's trace every request decodes plain,
-so the EAGLE server's room is idle and the plain server's decides how long prompts queue for their first token."""
+so the EAGLE server's room is idle and the plain server's decides how long prompts queue for their first token.
+Results go to `--out` as given, a dot in the name kept."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from benchmarks.real_traffic import MACHINES, TRACE, capacity, hardware, level_at, settings_for, spec
+from benchmarks.real_traffic import MACHINES, TRACE, capacity, hardware, level_at, outputs, settings_for, spec
 from loadtest.envelope.fair import Hardware
 from vnode.envelope import run_envelope
 
@@ -47,3 +49,8 @@ def test_the_plain_server_s_room_decides_the_field_trace_s_first_tokens_at_peak(
     even, plainward = ttft_ratio(None), ttft_ratio(0.3)
     assert even > 1.15
     assert plainward < 1.10
+
+
+def test_an_output_name_with_a_dot_keeps_it() -> None:
+    assert outputs(Path("docs/field-kv0.3")) == (Path("docs/field-kv0.3.json"), Path("docs/field-kv0.3.md"))
+    assert outputs(Path("docs/real-traffic.json")) == (Path("docs/real-traffic.json"), Path("docs/real-traffic.md"))
