@@ -11,7 +11,7 @@ tok/s, TPOT p50, E2E p50 and p99, specgate's ratio to the best baseline and the 
 speculated; with `--before`, the same figures from an earlier run (another policy) beside them.
 
     python benchmarks/cold_start.py [--out docs/benchmarks/cold-start] [--requests 4096] [--trace-requests 512] \
-      [--workloads random,multi-turn,trace] [--jobs 2] [--before OLD.json]
+      [--workloads random,multi-turn,trace] [--machines 0,1,2] [--loads 0.5,0.9] [--seed 0] [--jobs 2] [--before OLD.json]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.real_traffic import MACHINES, capacity, level_at, settings_for, spec  # noqa: E402
+from benchmarks.real_traffic import MACHINES, capacity, level_at, outputs, settings_for, spec  # noqa: E402
 from vnode.envelope import run_envelope  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,16 +37,17 @@ TRACE_REQUESTS = 512
 SPECGATE = "specgate"
 
 
-def cell(machine_index: int, workload: str, load: float, requests: int, trace_requests: int = TRACE_REQUESTS) -> dict[str, Any]:
+def cell(machine_index: int, workload: str, load: float, requests: int, trace_requests: int = TRACE_REQUESTS,
+         seed: int = 0) -> dict[str, Any]:
     """One profile x workload x load: a single level of `requests` from a cold start (the trace: its first
-    `trace_requests`, each once)."""
+    `trace_requests`, each once); `seed` draws the requests, arrivals and acceptance."""
     machine = MACHINES[machine_index]
     began = time.perf_counter()
     if workload == "trace":
         requests = trace_requests
-    rate = load * capacity(machine, workload, trace_requests=trace_requests)
+    rate = load * capacity(machine, workload, seed=seed, trace_requests=trace_requests)
     level = level_at(workload, rate, trace_requests)
-    doc = run_envelope(spec(machine, settings_for(workload, (level,), requests, trace_requests=trace_requests)),
+    doc = run_envelope(spec(machine, settings_for(workload, (level,), requests, seed=seed, trace_requests=trace_requests)),
                        command="benchmarks/cold_start.py")
     (level,) = doc.levels
     targets = {}
@@ -56,12 +57,12 @@ def cell(machine_index: int, workload: str, load: float, requests: int, trace_re
         targets[name] = {"output_tok_s": st.output_tok_s, "tpot_p50_ms": st.tpot.p50, "e2e_p50_ms": st.e2e.p50,
                          "e2e_p99_ms": st.e2e.p99, "failed": st.failed,
                          "speculated": sum(v for k, v in share.items() if "eagle" in k) if share else None}
-    return {"machine": machine.label, "workload": workload, "load": load, "request_s": rate, "requests": requests,
+    return {"machine": machine.label, "workload": workload, "load": load, "seed": seed, "request_s": rate, "requests": requests,
             "targets": targets, "ratios": dict(level.ratios), "best": dict(level.best) if level.best else None,
             "seconds": time.perf_counter() - began}
 
 
-def _run(job: tuple[int, str, float, int, int]) -> dict[str, Any]:
+def _run(job: tuple[int, str, float, int, int, int]) -> dict[str, Any]:
     return cell(*job)
 
 
@@ -73,10 +74,9 @@ def markdown(data: dict[str, Any], before: dict[str, Any] | None) -> str:
     """The report: per cell specgate against the best baseline (and, given, the earlier run's specgate),
     then every target's figures."""
     earlier = {_key(c): c for c in before["cells"]} if before else {}
-    sources = "Raw data: [cold-start.json](cold-start.json)"
+    sources = f"Raw data: [{data['raw']}]({data['raw']})"
     if before:
-        sources += (f"; before: `{before['command']}` on the policy before the reach trial, raw "
-                    "[cold-start-before.json](cold-start-before.json)")
+        sources += f"; before: `{before['command']}` on an earlier policy, raw [{data['before']}]({data['before']})"
     sizes = {c["workload"]: c["requests"] for c in data["cells"]}
     size = ", ".join(f"{n} ({w})" for w, n in sizes.items())
     lines = ["# A gateway started under load (vnode)", "",
@@ -125,21 +125,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--machines", default=",".join(str(i) for i in range(len(MACHINES))), help="indices into MACHINES")
     parser.add_argument("--before", type=Path, default=None, help="an earlier run's JSON to show beside")
+    parser.add_argument("--loads", default=",".join(str(load) for load in LOADS), help="shares of plain-dp's capacity")
+    parser.add_argument("--seed", type=int, default=0, help="draws every cell's requests, arrivals and acceptance")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
-    jobs = [(int(m), w, load, args.requests, args.trace_requests) for m in args.machines.split(",") for w in workloads for load in LOADS]
+    jobs = [(int(m), w, float(load), args.requests, args.trace_requests, args.seed)
+            for m in args.machines.split(",") for w in workloads for load in args.loads.split(",")]
     began = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(_run, jobs))
     command = "python benchmarks/cold_start.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    data = {"command": command.strip(), "seconds": time.perf_counter() - began, "cells": cells}
+    raw, report = outputs(args.out)
+    data = {"command": command.strip(), "seconds": time.perf_counter() - began, "raw": raw.name, "seed": args.seed,
+            "before": args.before.name if args.before else None, "cells": cells}
     before = json.loads(args.before.read_text()) if args.before else None
-    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(data, before))
-    print(f"wrote {args.out}.md and .json in {data['seconds']:.0f} s")
+    raw.write_text(json.dumps(data, indent=1))
+    report.write_text(markdown(data, before))
+    print(f"wrote {report} and {raw.name} in {data['seconds']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -152,9 +152,20 @@ def capacity(machine: Machine, workload: str, seed: int = 0, trace_requests: int
     return stats.request_s
 
 
-def cell(machine: Machine, workload: str, seed: int = 0, trace_requests: int = TRACE_REQUESTS) -> dict[str, Any]:
-    """One profile x workload: capacity, SLOs, the envelope at every load, its rows and verdict."""
-    began = time.perf_counter()
+@dataclass(frozen=True)
+class CellRun:
+    """One profile x workload run: plain-dp's capacity, the rates and SLOs it set, the envelope and its spec."""
+
+    capacity: float
+    rates: list[float]
+    slo: Slo
+    bounds: tuple[Bound, ...]
+    spec: EnvelopeSpec
+    doc: ResultsDocument
+
+
+def run_cell(machine: Machine, workload: str, seed: int = 0, trace_requests: int = TRACE_REQUESTS) -> CellRun:
+    """Capacity, then the SLOs from a light run, then the envelope at every load."""
     cap = capacity(machine, workload, seed, trace_requests)
     rates = [load * cap for load in LOADS]
     light_level = (level_at(workload, rates[0], trace_requests),)
@@ -164,10 +175,18 @@ def cell(machine: Machine, workload: str, seed: int = 0, trace_requests: int = T
     bounds = RANDOM_BOUNDS if workload == "random" else PREFIX_BOUNDS
     settings = settings_for(workload, tuple(level_at(workload, r, trace_requests) for r in rates), REQUESTS, slo, seed,
                             trace_requests)
-    doc = run_envelope(spec(machine, settings, bounds), command="benchmarks/real_traffic.py")
+    envelope = spec(machine, settings, bounds)
+    return CellRun(cap, rates, slo, bounds, envelope, run_envelope(envelope, command="benchmarks/real_traffic.py"))
+
+
+def cell(machine: Machine, workload: str, seed: int = 0, trace_requests: int = TRACE_REQUESTS) -> dict[str, Any]:
+    """One profile x workload: capacity, SLOs, the envelope at every load, its rows and verdict."""
+    began = time.perf_counter()
+    run = run_cell(machine, workload, seed, trace_requests)
+    doc = run.doc
     return {"machine": machine.label, "workload": workload, "eagle_kv_share": machine.eagle_kv_share,
-            "capacity_request_s": cap, "loads": list(LOADS),
-            "rates": rates, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms}, "levels": _levels(doc),
+            "capacity_request_s": run.capacity, "loads": list(LOADS),
+            "rates": run.rates, "slo": {"ttft_ms": run.slo.ttft_ms, "tpot_ms": run.slo.tpot_ms}, "levels": _levels(doc),
             "checks": [c.to_json() for c in doc.envelope.checks] if doc.envelope else [],
             "all_met": bool(doc.envelope and doc.envelope.all_met), "seconds": time.perf_counter() - began}
 
@@ -197,30 +216,42 @@ def _run(job: tuple[int, str, int, int, float | None]) -> dict[str, Any]:
     return cell(machine, workload, seed, trace_requests)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks/real-traffic")
+def matrix_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every script over this matrix takes: processes, machines, workloads, trace window, split."""
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--machines", default=",".join(str(i) for i in range(len(MACHINES))),
-                        help="indices into MACHINES")
+                        help="indices into benchmarks/real_traffic.py's MACHINES")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--seed", type=int, default=0, help="draws every workload's requests and arrivals")
     parser.add_argument("--trace-requests", type=int, default=TRACE_REQUESTS, help="the trace window: its first requests")
     parser.add_argument("--eagle-kv-share", type=float, default=None,
                         help="EAGLE's share of each co-located group's KV room (default: the launcher's split)")
-    args = parser.parse_args(argv)
-    jobs = [(int(m), w, args.seed, args.trace_requests, args.eagle_kv_share)
-            for m in args.machines.split(",") for w in args.workloads.split(",")]
+
+
+def run_matrix(args: argparse.Namespace, jobs: list[Any], run: Callable[[Any], dict[str, Any]], script: str,
+               argv: Sequence[str] | None, report: Callable[[dict[str, Any]], str]) -> None:
+    """`run` over `jobs` in `args.jobs` processes; the cells, the command and the options written to `args.out`
+    (OUT.json, and `report`'s OUT.md)."""
     began = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
-        cells = list(pool.map(_run, jobs))
-    command = "python benchmarks/real_traffic.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    raw, report = outputs(args.out)
+        cells = list(pool.map(run, jobs))
+    command = f"python {script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    raw, markdown_file = outputs(args.out)
     data = {"command": command.strip(), "seconds": time.perf_counter() - began, "raw": raw.name,
             "trace_requests": args.trace_requests, "eagle_kv_share": args.eagle_kv_share, "cells": cells}
     raw.write_text(json.dumps(data, indent=1))
-    report.write_text(markdown(data))
-    print(f"wrote {report} and {raw.name} in {data['seconds']:.0f} s")
+    markdown_file.write_text(report(data))
+    print(f"wrote {markdown_file} and {raw.name} in {data['seconds']:.0f} s")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks/real-traffic")
+    parser.add_argument("--seed", type=int, default=0, help="draws every workload's requests and arrivals")
+    matrix_arguments(parser)
+    args = parser.parse_args(argv)
+    jobs = [(int(m), w, args.seed, args.trace_requests, args.eagle_kv_share)
+            for m in args.machines.split(",") for w in args.workloads.split(",")]
+    run_matrix(args, jobs, _run, "benchmarks/real_traffic.py", argv, markdown)
 
 
 def outputs(out: Path) -> tuple[Path, Path]:

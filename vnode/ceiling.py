@@ -4,8 +4,9 @@ specgate runs K co-located EAGLE + plain groups; the family's bounds compare it 
 whole-GPU servers of one mode. Where no assignment of modes to its groups meets a level's bounds, no
 routing policy that keeps each group in one mode for the level meets them either, and a miss there
 is the layout's or the bounds', not the policy's. This module runs specgate's servers (the same
-launch plan, memory split and EAGLE cap) behind a least-in-flight balancer pinned to a fixed set of
-them, for each static assignment:
+launch plan, memory split and EAGLE cap) behind one of the baselines' routers pinned to a fixed set of
+them (the least-in-flight balancer; SMG's cache_aware where prefixes matter, `Static`), for each static
+assignment:
 
 - `eagle`: every group speculates (its EAGLE servers only);
 - `plain`: every group decodes plain;
@@ -23,38 +24,67 @@ a yardstick, not a bound.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from backends.sim.core import EngineCore
+from loadtest.envelope.baselines import Router as RouterKind
 from loadtest.envelope.comparison import Bound, level_ratios
-from loadtest.results import LevelResult
+from loadtest.results import LevelResult, ResultsDocument
 from loadtest.sweep import SweepSettings
-from vnode.envelope import QuietProgress, level_plans, run_envelope, sweep_target
+from vnode.envelope import EnvelopeSpec, QuietProgress, level_plans, run_envelope, sweep_target
 from vnode.family import Member
 from vnode.family_sweep import WORKLOADS, Scale, Workload, cell_spec
 from vnode.gateway_router import BackendSpec
 from vnode.requests import Request
-from vnode.router import LeastInFlightRouter
+from vnode.router import DrainLook, EngineWatcher, LeastInFlightRouter, Router
+from vnode.smg_router import SmgCacheAwareRouter, SmgSettings
 from vnode.targets import TargetSpec, same_hardware_targets
 
 Assignment = Literal["eagle", "plain", "split"]
 ASSIGNMENTS: tuple[Assignment, ...] = ("eagle", "plain", "split")
 
 
-class PinnedRouter(LeastInFlightRouter):
-    """The baselines' least-in-flight balancer over a fixed subset of a node's servers (`allowed`, by index)."""
+class PinnedRouter:
+    """A baseline's router (`inner`: the least-in-flight balancer, or SMG's cache_aware) over a fixed subset of a
+    node's servers (`allowed`, by index): `inner` indexes the subset, and reads only its servers' engines."""
 
-    def __init__(self, names: Sequence[str], allowed: Sequence[int]) -> None:
+    def __init__(self, inner: Router, allowed: Sequence[int]) -> None:
         if not allowed:
             raise ValueError("a pinned router needs at least one server")
-        super().__init__([names[i] for i in allowed])
+        self._inner = inner
         self._allowed = tuple(allowed)
 
+    def engines_attached(self, cores: Sequence[EngineCore]) -> None:
+        if isinstance(self._inner, EngineWatcher):
+            self._inner.engines_attached([cores[i] for i in self._allowed])
+
     def route(self, request: Request, now: float) -> int:
-        return self._allowed[super().route(request, now)]
+        return self._allowed[self._inner.route(request, now)]
+
+    def chunk(self, request: Request, now: float, tokens: int) -> None:
+        self._inner.chunk(request, now, tokens)
+
+    def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
+        self._inner.finish(request, now, output_tokens, cached_tokens)
+
+    def take_moves(self) -> list[tuple[str, int]]:
+        return []  # a fixed assignment moves nothing
+
+    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        raise AssertionError("a pinned router moves nothing")
+
+    def resent(self, request: Request, to: int, now: float) -> None:
+        raise AssertionError("a pinned router moves nothing")
+
+    def drain_look(self, now: float) -> DrainLook | None:
+        return None
+
+    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
+        return []
 
 
 def assignments(groups: int) -> tuple[Assignment, ...]:
@@ -70,12 +100,48 @@ def pinned_servers(backends: Sequence[BackendSpec], assignment: Assignment) -> l
 
 
 @dataclass(frozen=True)
+class Static:
+    """One fixed way of running specgate's layout: an assignment of modes behind one of the baselines' routers."""
+
+    assignment: Assignment
+    router: RouterKind = "least-inflight"
+
+    @property
+    def label(self) -> str:
+        """`plain`, `split+smg`, ...: what the reports and the JSON call it."""
+        return self.assignment + ("+smg" if self.router == "smg" else "")
+
+
+def statics(groups: int, routers: Sequence[RouterKind] = ("least-inflight",)) -> tuple[Static, ...]:
+    """Every assignment a node of `groups` groups has behind each of `routers`."""
+    return tuple(Static(a, r) for r in routers for a in assignments(groups))
+
+
+def static_router(backends: Sequence[BackendSpec], static: Static, smg: SmgSettings = SmgSettings(),
+                  seed: int = 0) -> PinnedRouter:
+    """The router that runs `static` on servers `backends` (SMG's ties drawn from `seed`)."""
+    allowed = pinned_servers(backends, static.assignment)
+    inner: Router = (SmgCacheAwareRouter(len(allowed), smg, seed=seed) if static.router == "smg"
+                     else LeastInFlightRouter([backends[i].name for i in allowed]))
+    return PinnedRouter(inner, allowed)
+
+
+def static_levels(target: TargetSpec, settings: SweepSettings, static: Static,
+                  smg: SmgSettings = SmgSettings()) -> list[LevelResult]:
+    """specgate's target (its servers, not its policy) through every level under `static`, each request's own
+    acceptance draws (as the envelopes it is judged against run)."""
+    assert target.gateway is not None, "specgate's target"
+    router = static_router(target.gateway.backends, static, smg, target.sim.seed)
+    return sweep_target(target, settings, level_plans(settings), QuietProgress(), draws="request", router=router)
+
+
+@dataclass(frozen=True)
 class LevelCeiling:
     """One level: whether specgate met every bound there, and which assignments did."""
 
     label: str
     specgate: bool
-    met_by: tuple[Assignment, ...]
+    met_by: tuple[str, ...]  # the labels of the static runs (`Static.label`) that met it
 
 
 @dataclass(frozen=True)
@@ -97,9 +163,9 @@ class CellCeiling:
         return all(lv.met_by for lv in self.levels)
 
     @property
-    def one_assignment(self) -> tuple[Assignment, ...]:
-        """The assignments that meet every level on their own."""
-        return tuple(a for a in ASSIGNMENTS if all(a in lv.met_by for lv in self.levels))
+    def one_assignment(self) -> tuple[str, ...]:
+        """The static runs that meet every level on their own."""
+        return tuple(a for a in self.levels[0].met_by if all(a in lv.met_by for lv in self.levels)) if self.levels else ()
 
     def to_json(self) -> dict[str, object]:
         return {"member": self.member, "workload": self.workload, "specgate": self.specgate,
@@ -111,34 +177,41 @@ def _meets(level: LevelResult, bounds: Sequence[Bound]) -> bool:
     return all(b.holds(level.ratios.get(b.name)) for b in bounds)
 
 
-def _static_levels(target: TargetSpec, settings: SweepSettings, assignment: Assignment) -> list[LevelResult]:
-    assert target.gateway is not None, "specgate's target"
-    backends = target.gateway.backends
-    router = PinnedRouter([b.name for b in backends], pinned_servers(backends, assignment))
-    return sweep_target(target, settings, level_plans(settings), QuietProgress(), draws="request", router=router)
-
-
-def cell_ceiling(member: Member, workload: Workload, scale: Scale = Scale(), seed: int = 0) -> CellCeiling:
-    """`member` under `workload`: specgate's envelope, and its layout run under each static assignment, every
-    level judged by the workload's bounds against the same baseline runs (each request's own acceptance
-    draws on every run, so every run decodes the same requests alike)."""
-    with tempfile.TemporaryDirectory(prefix="vnode-ceiling-") as tmp:
-        spec = cell_spec(member, workload, Path(tmp), scale, seed)
-        doc = run_envelope(spec)
-        assert doc.envelope is not None and doc.envelope.comparison is not None
-        comparison = doc.envelope.comparison
-        _, targets = same_hardware_targets(spec.profile, spec.profile_file, spec.hardware, spec.settings, QuietProgress())
-        subject = next(t for t in targets if t.name == comparison.subject)
-        runs = {a: _static_levels(subject, spec.settings, a) for a in assignments(member.groups)}
+def judge(doc: ResultsDocument, runs: Mapping[str, Sequence[LevelResult]],
+          bounds: Sequence[Bound]) -> tuple[LevelCeiling, ...]:
+    """Each level of the envelope `doc`: whether its subject met `bounds`, and which of `runs` (a static run of
+    the subject's layout by its label, level for level) would have, put in the subject's place."""
+    assert doc.envelope is not None and doc.envelope.comparison is not None
+    comparison = doc.envelope.comparison
     levels = []
     for index, level in enumerate(doc.levels):
         met_by = []
-        for assignment, run in runs.items():
+        for label, run in runs.items():
             pinned = replace(level, targets={**level.targets, comparison.subject: run[index].targets[comparison.subject]})
-            if _meets(replace(pinned, ratios=level_ratios(pinned, comparison)), workload.bounds):
-                met_by.append(assignment)
-        levels.append(LevelCeiling(level.label, _meets(level, workload.bounds), tuple(met_by)))
-    return CellCeiling(member.name, workload.name, tuple(levels))
+            if _meets(replace(pinned, ratios=level_ratios(pinned, comparison)), bounds):
+                met_by.append(label)
+        levels.append(LevelCeiling(level.label, _meets(level, bounds), tuple(met_by)))
+    return tuple(levels)
+
+
+def subject_target(spec: EnvelopeSpec, doc: ResultsDocument) -> TargetSpec:
+    """The target `doc`'s comparison judges (specgate), as `spec` builds it."""
+    assert doc.envelope is not None and doc.envelope.comparison is not None
+    _, targets = same_hardware_targets(spec.profile, spec.profile_file, spec.hardware, spec.settings, QuietProgress(),
+                                       spec.policy, dict(spec.policy_params), spec.routers, spec.smg)
+    return next(t for t in targets if t.name == doc.envelope.comparison.subject)
+
+
+def cell_ceiling(member: Member, workload: Workload, scale: Scale = Scale(), seed: int = 0) -> CellCeiling:
+    """`member` under `workload`: specgate's envelope, and its layout run under each static assignment behind the
+    least-in-flight balancer, every level judged by the workload's bounds against the same baseline runs (each
+    request's own acceptance draws on every run, so every run decodes the same requests alike)."""
+    with tempfile.TemporaryDirectory(prefix="vnode-ceiling-") as tmp:
+        spec = cell_spec(member, workload, Path(tmp), scale, seed)
+        doc = run_envelope(spec)
+        subject = subject_target(spec, doc)
+        runs = {s.label: static_levels(subject, spec.settings, s) for s in statics(member.groups)}
+    return CellCeiling(member.name, workload.name, judge(doc, runs, workload.bounds))
 
 
 def _run(task: tuple[str, str, Scale, int]) -> CellCeiling:

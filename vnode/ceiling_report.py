@@ -19,9 +19,15 @@ def verdict(cell: CellCeiling) -> str:
     return "policy" if cell.attainable else "layout"
 
 
+def letter(label: str) -> str:
+    """A static run's short name: `P` for `plain`, `S+smg` for `split+smg`."""
+    assignment, smg, _ = label.partition("+smg")
+    return _LETTER[assignment] + ("+smg" if smg else "")
+
+
 def level_text(level: LevelCeiling) -> str:
-    """`C=64: P S` (the assignments meeting the level; `none`), with `specgate missed` where it did."""
-    met = " ".join(_LETTER[a] for a in level.met_by) or "none"
+    """`C=64: P S` (the static runs meeting the level; `none`), with `specgate missed` where it did."""
+    met = " ".join(letter(a) for a in level.met_by) or "none"
     return f"{level.label}: {met}" + ("" if level.specgate else " (specgate missed)")
 
 

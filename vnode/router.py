@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from backends.sim.core import EngineCore
 from loadtest.envelope.balancer import LeastInFlight
 from vnode.requests import Request
 
@@ -63,6 +64,15 @@ class Router(Protocol):
 
     def drain(self, look: DrainLook) -> list[tuple[str, int]]:
         """At `look.at`: the running requests (by rid) that move, each with the index of its new server."""
+        ...
+
+
+@runtime_checkable
+class EngineWatcher(Protocol):
+    """A router that reads its servers' engines (their load reports), given them once the node has built them."""
+
+    def engines_attached(self, cores: Sequence[EngineCore]) -> None:
+        """The servers' engine cores, in the router's index order."""
         ...
 
 

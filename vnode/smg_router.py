@@ -34,7 +34,7 @@ after each poll instant, not at the instant itself.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.sim.core import EngineCore
@@ -148,21 +148,26 @@ def routing_text(request: Request) -> str:
 class SmgCacheAwareRouter:
     """SMG's cache_aware policy in front of a baseline's servers; see the module docstring.
 
-    `cores()` gives the servers' engine cores in the router's index order (read at each load poll);
+    `engines_attached` gives it the servers' engine cores (read at each load poll) before its first routing;
     `seed` seeds the tie draws, so a run is deterministic.
     """
 
-    def __init__(self, servers: int, cores: Callable[[], Sequence[EngineCore]], settings: SmgSettings = SmgSettings(),
-                 seed: int = 0) -> None:
+    def __init__(self, servers: int, settings: SmgSettings = SmgSettings(), seed: int = 0) -> None:
         self.settings = settings
         self.tree = TextTree(range(servers))
         self.inflight = [0] * servers  # SMG's worker load: requests dispatched and not yet ended
         self.since_poll = [0] * servers  # dispatches no report has reflected yet
         self.reports: list[_Report] | None = None  # None: no poll yet (a dark fleet)
-        self._cores = cores
+        self._cores: Sequence[EngineCore] = ()
         self._next_poll: float | None = None
         self._held: dict[str, int] = {}
         self._rng = random.Random(seed)
+
+    def engines_attached(self, cores: Sequence[EngineCore]) -> None:
+        """The servers' engine cores in the router's index order (a view: each poll reads them as they are then)."""
+        if len(cores) != len(self.inflight):
+            raise ValueError(f"{len(cores)} engines for {len(self.inflight)} workers")
+        self._cores = cores
 
     def route(self, request: Request, now: float) -> int:
         self._poll(now)
@@ -213,7 +218,7 @@ class SmgCacheAwareRouter:
         self.reports = [
             _Report(len(core.waiting), core.waiting_uncached_tokens(), len(core.running),
                     core.used_tokens() / core.table.max_total_tokens, core.gen_throughput(now))
-            for core in self._cores()
+            for core in self._cores
         ]
         self.since_poll = [0] * len(self.since_poll)
         step = self.settings.load_interval

@@ -37,7 +37,7 @@ from vnode.events import EventQueue
 from vnode.gateway_router import BackendSpec, GatewayRouter
 from vnode.gpu import Gpu, Server
 from vnode.node import Node
-from vnode.router import LeastInFlightRouter, Router
+from vnode.router import EngineWatcher, LeastInFlightRouter, Router
 from vnode.smg_router import SmgCacheAwareRouter, SmgSettings
 
 _SIM_MODULE_ARGS = 3  # `python -m backends.sim` before a simulator's own options
@@ -81,8 +81,8 @@ class TargetSpec:
         slots = plan_layout(self.sim, profile)
         text = _text(self.sim.seed)
         names = [b.name for b in self.gateway.backends] if self.gateway else [f"{self.name}-{i}" for i in range(len(slots))]
-        cores: list[EngineCore] = []  # filled below, in the router's index order; SMG's load polls read them
-        router = router or self._router(names, lambda: events.now, cores, hop)
+        cores: list[EngineCore] = []  # in the router's index order
+        router = router or self._router(names, lambda: events.now, hop)
         node = Node(events, router, text, profile.context_length, names if self.gateway else [None] * len(names), hop)
         gpus: dict[int, Gpu] = {}
         for index, (slot, name) in enumerate(zip(slots, names, strict=True)):
@@ -92,16 +92,16 @@ class TargetSpec:
             if draws == "request":
                 core.steps = RequestDraws(core.table, self.sim.seed, core.steps.target)
             node.add_server(Server(name, core, gpu, node.deliver))
-        if isinstance(router, GatewayRouter):
+        if isinstance(router, EngineWatcher):
             router.engines_attached(cores)
-            if taught is not None:
-                router.teach(*taught)
+        if isinstance(router, GatewayRouter) and taught is not None:
+            router.teach(*taught)
         return node
 
-    def _router(self, names: list[str], clock: Callable[[], float], cores: list[EngineCore], hop: float) -> Router:
+    def _router(self, names: list[str], clock: Callable[[], float], hop: float) -> Router:
         gateway = self.gateway
         if gateway is None and self.smg is not None:
-            return SmgCacheAwareRouter(len(names), lambda: cores, self.smg, seed=self.sim.seed)
+            return SmgCacheAwareRouter(len(names), self.smg, seed=self.sim.seed)
         if gateway is None:
             return LeastInFlightRouter(names)
         return GatewayRouter(make_policy(gateway.policy), gateway.backends, clock, inflight_limit=gateway.inflight_limit,

@@ -181,6 +181,21 @@ def test_cold_start_over_groups_measures_each_backend_on_an_idle_group() -> None
     assert policy.choose(groups((2, 0), (1, 0))) == Decision("g1-plain", "adaptive_prior")
 
 
+def test_cold_start_measures_plain_one_request_at_a_time_and_a_request_alone_on_its_group_speculates() -> None:
+    """Eight groups before any response: while one plain server's first request is out, the next request
+    arriving on an idle group speculates there; measuring a second plain server would add nothing to the
+    kind's shared line and would decode that request at plain speed."""
+    policy = AdaptivePolicy()
+    measuring = groups((1, 0), (0, 1), *[(0, 0)] * 6)
+    assert policy.choose(measuring) == Decision("g2-eagle", "adaptive_explore")
+    policy.routed(groups(*[(0, 0)] * 8), Decision("g0-eagle", "adaptive_prior"))
+    policy.observe(completion("g0-eagle", LLAMA_EAGLE, 1, chunks=44))
+    # EAGLE measured, plain's first response not back yet: still not a second plain server.
+    assert policy.choose(groups((0, 0), (0, 1), *[(0, 0)] * 6)).backend.endswith("-eagle")
+    # No group idle: plain decode on the least-loaded group, as before.
+    assert policy.choose(groups(*[(1, 1)] * 7, (2, 0))) == Decision("g7-plain", "adaptive_prior")
+
+
 def test_lone_requests_over_many_idle_groups_measure_each_kind_once_then_speculate() -> None:
     """Backends of a kind share one line, so one measurement per kind ends the cold start: lone
     requests on 8 idle groups are not sent to each group's plain server in turn."""

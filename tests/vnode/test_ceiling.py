@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 from click.testing import CliRunner
 
-from vnode.ceiling import PinnedRouter, assignments, pinned_servers
+from vnode.ceiling import Static, assignments, pinned_servers, static_router, statics
 from vnode.cli import main
 from vnode.gateway_router import BackendSpec
 from vnode.requests import Request
@@ -27,13 +29,45 @@ def test_each_assignment_pins_the_servers_of_its_modes() -> None:
 
 
 def test_a_pinned_router_balances_over_its_servers_only() -> None:
-    router = PinnedRouter([b.name for b in _backends(2)], [1, 3])
+    router = static_router(_backends(2), Static("plain"))
     requests = [Request(f"r{i}", (), [1, 2, 3], "k", 4) for i in range(4)]
     chosen = [router.route(r, 0.0) for r in requests]
     assert sorted(chosen) == [1, 1, 3, 3]  # least in flight: two each, never an EAGLE server
     router.finish(requests[0], 1.0, 4)
     router.finish(requests[2], 1.0, 4)
     assert router.route(Request("r4", (), [1], "k", 4), 1.0) == chosen[0]  # the freed one first (ties rotate)
+
+
+@dataclass
+class _Engine:
+    """What SMG's load poll reads of an engine core."""
+
+    uncached: int
+    waiting: tuple[()] = ()
+    running: tuple[()] = ()
+    table: Any = field(default_factory=lambda: type("Table", (), {"max_total_tokens": 1000})())
+
+    def waiting_uncached_tokens(self) -> int:
+        return self.uncached
+
+    def used_tokens(self) -> int:
+        return 0
+
+    def gen_throughput(self, now: float) -> float:
+        return 1000.0
+
+
+def test_a_pinned_smg_router_reads_and_routes_to_its_servers_only() -> None:
+    """Plain behind SMG on two groups: the EAGLE servers' engines (bare objects here) are never read, the
+    plain server with the shorter queue wins the first request, and the next with its text follows it."""
+    router = static_router(_backends(2), Static("plain", "smg"))
+    router.engines_attached([object(), _Engine(uncached=50_000), object(), _Engine(uncached=0)])  # type: ignore[list-item]
+    text = "a long shared system prompt, then a question"
+    first = router.route(Request("r0", (("user", text),), [1, 2, 3], text, 4), 0.0)
+    again = router.route(Request("r1", (("user", text + " more"),), [1, 2, 3], text + " more", 4), 0.0)
+    assert (first, again) == (3, 3)
+    assert [s.label for s in statics(2, ("least-inflight", "smg"))] == [
+        "eagle", "plain", "split", "eagle+smg", "plain+smg", "split+smg"]
 
 
 def test_the_ceiling_names_the_assignment_that_meets_each_level(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""A gateway that starts under load (benchmarks/cold_start.py): EAGLE, measured on lone requests only, is
-tried at the load the groups carry (a reach trial) and taken where it is faster there; a trial ends where it
-falls behind that load, and one that ends unread leaves its group speculating where that serves its load."""
+"""A gateway that starts under load (benchmarks/cold_start.py): a request that finds its group idle speculates
+while plain decode is measured, so speculation is taken where it is faster; where EAGLE was measured on lone
+requests only, it is tried at the load the groups carry (a reach trial); a trial ends where it falls behind
+that load, and one that ends unread leaves its group speculating where that serves its load."""
 
 from __future__ import annotations
 
@@ -22,19 +23,16 @@ H200_K8 = 2  # ... h200-llama8b, 8 co-located groups of one GPU
 REQUESTS = 1024  # about 10 mean lives at half of plain-dp's capacity: the trial comes after 4
 
 
-def test_a_gateway_started_under_load_tries_speculation_there_and_keeps_it_where_it_is_faster(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    tried = cell(LLAMA8B_K8, "random", 0.5, REQUESTS)
-    monkeypatch.setattr(adaptive, "TRIAL_LIVES", math.inf)
-    never = cell(LLAMA8B_K8, "random", 0.5, REQUESTS)
+def test_a_gateway_started_under_load_speculates_where_speculation_is_faster() -> None:
     # EAGLE is faster than plain decode at every load of this profile (eagle-dp's TPOT is about 60% of
-    # plain-dp's here); without a trial the groups stay plain for the whole level.
-    assert never["targets"]["specgate"]["speculated"] < 0.1
-    assert tried["targets"]["specgate"]["speculated"] > 0.4
-    assert tried["ratios"]["throughput_ratio"] > never["ratios"]["throughput_ratio"]
-    assert tried["ratios"]["e2e_p50_ratio"] < never["ratios"]["e2e_p50_ratio"]
-    assert tried["targets"]["specgate"]["failed"] == 0
+    # plain-dp's here). From a cold start plain decode is measured one request at a time and a request that
+    # finds its group idle speculates, so the groups are on EAGLE before the load fills them; measuring each
+    # group's plain server in turn sent 17% of the level plain and its first lives' p99 to 1.56x.
+    started = cell(LLAMA8B_K8, "random", 0.5, REQUESTS)
+    assert started["targets"]["specgate"]["speculated"] > 0.95
+    assert started["ratios"]["e2e_p50_ratio"] < 1.03
+    assert started["ratios"]["e2e_p99_ratio"] < 1.15
+    assert started["targets"]["specgate"]["failed"] == 0
 
 
 def test_a_gateway_restarted_at_peak_with_nothing_measured_does_not_pile_requests_onto_eagle() -> None:

@@ -44,7 +44,9 @@ def request(rid: str, text: str) -> Request:
 
 
 def router(cores: list[FakeCore], **settings: Any) -> SmgCacheAwareRouter:
-    return SmgCacheAwareRouter(len(cores), lambda: cores, SmgSettings(**settings))  # type: ignore[arg-type]
+    smg = SmgCacheAwareRouter(len(cores), SmgSettings(**settings))
+    smg.engines_attached(cores)  # type: ignore[arg-type]
+    return smg
 
 
 def test_the_tree_matches_the_longest_prefix_and_names_its_holders() -> None:

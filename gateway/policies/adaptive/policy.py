@@ -638,17 +638,19 @@ class AdaptivePolicy(Policy):
         outlooks: dict[str, Outlook],
         kinds: dict[bool, KindLine],
     ) -> Decision | None:
-        """Before every backend is fitted: measure unfitted ones on idle groups, a lone request
-        speculates. None when each kind has a fitted backend whose line the unfitted ones of its
-        kind borrow (K groups: one busy group's unmeasured server must not hold every group back)."""
+        """Before every backend is fitted: measure an unfitted kind on an idle group, one request of it
+        at a time (a kind's first response fits the line its backends share), and a request alone on
+        its group speculates. None when each kind has a fitted backend whose line the unfitted ones
+        of its kind borrow (K groups: one busy group's unmeasured server must not hold every group back)."""
         if all(v.speculative in kinds for v in available):
             return None  # each kind has a fitted line, which its unfitted backends share
         idle = all(v.inflight == 0 for v in available)
         spec_fitted = any(v.speculative and outlooks[v.name].fitted for v in available)
+        plain_measuring = any(not v.speculative and v.inflight > 0 for v in available)
         by_name = sorted(available, key=lambda v: v.name)
         for view in by_name:
             if not view.speculative and not outlooks[view.name].fitted and self._probeable(snapshot, view):
-                if spec_fitted or not idle:
+                if (spec_fitted or not idle) and not plain_measuring:
                     return Decision(view.name, "adaptive_explore")
         if idle:
             spec = [v for v in by_name if v.speculative and self._open(v)]
@@ -657,6 +659,9 @@ class AdaptivePolicy(Policy):
         for view in by_name:
             if view.speculative and not outlooks[view.name].fitted and self._probeable(snapshot, view):
                 return Decision(view.name, "adaptive_explore")
+        alone = [v for v in by_name if v.speculative and self._open(v) and snapshot.group_inflight(v) == 0]
+        if alone:
+            return Decision(alone[0].name, "adaptive_prior")
         plain = [v for v in available if not v.speculative] or [v for v in available if self._open(v)] or available
         least = min(plain, key=lambda v: (snapshot.group_inflight(v), v.inflight, v.name))
         return Decision(least.name, "adaptive_prior")
