@@ -7,8 +7,8 @@ own co-located layout: docs/benchmarks/real-traffic-ceiling.md and .json.
 Each cell of `benchmarks/real_traffic.py` (the same capacity, rates, SLOs, bounds and requests per seed) runs as
 there, and then specgate's servers (its groups, memory split and EAGLE cap; not its policy) run it again under each
 static assignment of `vnode.ceiling`: every group speculating, every group plain, half of the groups each (K >= 2),
-each behind the least-in-flight balancer and, for K > 1, behind SMG's cache_aware policy over the same servers.
-Every level of every static run is judged by the cell's bounds against the same baseline runs. A cell is
+each behind the least-in-flight balancer and, for K > 1, behind SMG's cache_aware policy over the same servers
+(a request no server of the assignment can hold goes to the least-loaded server that can). Every level of every static run is judged by the cell's bounds against the same baseline runs. A cell is
 attainable when each level is met by some static run (an oracle that picks per level and switches for free; open
 loop, so each static run's level starts from its own lighter level's state: a yardstick, not a bound). A level met
 by none is out of reach of any router that keeps each group in one mode through it.
@@ -96,8 +96,10 @@ def markdown(data: dict[str, Any]) -> str:
         "again on specgate's own servers (its co-located groups, memory split and EAGLE cap) with a fixed mode "
         "per group instead of its policy: every group speculating (E), every group plain (P), half the groups "
         "each (S, K >= 2), each behind the least-in-flight balancer and, for K > 1, behind SMG's cache_aware "
-        "policy over the same servers (+smg). Each level of each static run is judged by the cell's bounds "
-        "against the same baseline runs as specgate (`benchmarks/real_traffic_ceiling.py`, `vnode/ceiling.py`).",
+        "policy over the same servers (+smg); a request that no server of the assignment can hold goes to the "
+        "least-loaded server that can, as specgate's policy sends it. Each level of each static run is judged by "
+        "the cell's bounds against the same baseline runs as specgate (`benchmarks/real_traffic_ceiling.py`, "
+        "`vnode/ceiling.py`).",
         "",
         "- met: specgate meets every bound; met beyond: it does where no static run does at some level;",
         "- policy: specgate misses a cell that some static run per level meets (an oracle choosing per level);",

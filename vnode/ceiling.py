@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from backends.sim.core import EngineCore
+from backends.sim.request import RequestError
 from loadtest.envelope.baselines import Router as RouterKind
 from loadtest.envelope.comparison import Bound, level_ratios
 from loadtest.results import LevelResult, ResultsDocument
@@ -50,26 +51,49 @@ ASSIGNMENTS: tuple[Assignment, ...] = ("eagle", "plain", "split")
 
 class PinnedRouter:
     """A baseline's router (`inner`: the least-in-flight balancer, or SMG's cache_aware) over a fixed subset of a
-    node's servers (`allowed`, by index): `inner` indexes the subset, and reads only its servers' engines."""
+    node's servers (`allowed`, by index): `inner` indexes the subset, and reads only its servers' engines. A
+    request that no allowed server's KV cache can hold goes to the least-loaded other server that can (as the
+    gateway's `adaptive_kv_fit`), and one `inner` sends to an allowed server that cannot hold it goes to the
+    least-loaded allowed one that can: an assignment is judged on what it serves, not failed by one long prompt."""
 
     def __init__(self, inner: Router, allowed: Sequence[int]) -> None:
         if not allowed:
             raise ValueError("a pinned router needs at least one server")
         self._inner = inner
         self._allowed = tuple(allowed)
+        self._cores: Sequence[EngineCore] = ()
+        self._spilled: set[str] = set()
 
     def engines_attached(self, cores: Sequence[EngineCore]) -> None:
+        self._cores = cores
         if isinstance(self._inner, EngineWatcher):
             self._inner.engines_attached([cores[i] for i in self._allowed])
 
     def route(self, request: Request, now: float) -> int:
-        return self._allowed[self._inner.route(request, now)]
+        holders = [i for i, core in enumerate(self._cores) if _holds(core, request)]
+        pinned = [i for i in holders if i in self._allowed]
+        if holders and not pinned:
+            return self._spill(request, holders)
+        index = self._allowed[self._inner.route(request, now)]
+        if holders and index not in holders:
+            self._inner.finish(request, now, None)  # its balancer's count of it ends here: it goes elsewhere
+            return self._spill(request, pinned)
+        return index
+
+    def _spill(self, request: Request, servers: Sequence[int]) -> int:
+        """`request` to the least-loaded of `servers`, outside `inner`'s count."""
+        self._spilled.add(request.rid)
+        return min(servers, key=lambda i: (len(self._cores[i].running) + len(self._cores[i].waiting), i))
 
     def chunk(self, request: Request, now: float, tokens: int) -> None:
-        self._inner.chunk(request, now, tokens)
+        if request.rid not in self._spilled:
+            self._inner.chunk(request, now, tokens)
 
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
-        self._inner.finish(request, now, output_tokens, cached_tokens)
+        if request.rid in self._spilled:
+            self._spilled.discard(request.rid)
+        else:
+            self._inner.finish(request, now, output_tokens, cached_tokens)
 
     def take_moves(self) -> list[tuple[str, int]]:
         return []  # a fixed assignment moves nothing
@@ -85,6 +109,15 @@ class PinnedRouter:
 
     def drain(self, look: DrainLook) -> list[tuple[str, int]]:
         return []
+
+
+def _holds(core: EngineCore, request: Request) -> bool:
+    """Whether `core`'s server would take `request` (its prompt and output within its KV cache and input limit)."""
+    try:
+        core.check_fits(request.prompt_tokens, request.max_tokens)
+    except RequestError:
+        return False
+    return True
 
 
 def assignments(groups: int) -> tuple[Assignment, ...]:

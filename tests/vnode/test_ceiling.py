@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from click.testing import CliRunner
 
+from backends.sim.request import RequestError
 from vnode.ceiling import Static, assignments, pinned_servers, static_router, statics
 from vnode.cli import main
 from vnode.gateway_router import BackendSpec
@@ -56,18 +57,55 @@ class _Engine:
     def gen_throughput(self, now: float) -> float:
         return 1000.0
 
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        pass  # holds anything
+
+
+@dataclass
+class _Room:
+    """What the pinned router reads of an engine core to place a request no allowed server holds."""
+
+    capacity: int
+    running: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        if prompt_tokens + max_new_tokens > self.capacity:
+            raise RequestError("exceeds the server's KV cache capacity")
+
 
 def test_a_pinned_smg_router_reads_and_routes_to_its_servers_only() -> None:
-    """Plain behind SMG on two groups: the EAGLE servers' engines (bare objects here) are never read, the
+    """Plain behind SMG on two groups: the EAGLE servers' engines (no load report here) are never polled, the
     plain server with the shorter queue wins the first request, and the next with its text follows it."""
     router = static_router(_backends(2), Static("plain", "smg"))
-    router.engines_attached([object(), _Engine(uncached=50_000), object(), _Engine(uncached=0)])  # type: ignore[list-item]
+    router.engines_attached([_Room(10_000), _Engine(uncached=50_000), _Room(10_000), _Engine(uncached=0)])  # type: ignore[list-item]
     text = "a long shared system prompt, then a question"
     first = router.route(Request("r0", (("user", text),), [1, 2, 3], text, 4), 0.0)
     again = router.route(Request("r1", (("user", text + " more"),), [1, 2, 3], text + " more", 4), 0.0)
     assert (first, again) == (3, 3)
     assert [s.label for s in statics(2, ("least-inflight", "smg"))] == [
         "eagle", "plain", "split", "eagle+smg", "plain+smg", "split+smg"]
+
+
+def test_a_request_no_pinned_server_holds_goes_to_the_least_loaded_server_that_does() -> None:
+    """Every group speculating, on EAGLE servers of 1,000 tokens beside plain ones of 10,000: a long prompt goes to
+    the idler plain server, outside the balancer's count; the short ones keep alternating over the EAGLE servers."""
+    router = static_router(_backends(2), Static("eagle"))
+    router.engines_attached([_Room(1_000), _Room(10_000, running=["a", "b"]), _Room(1_000), _Room(10_000)])  # type: ignore[list-item]
+    long = Request("long", (), list(range(5_000)), "k", 8)
+    assert router.route(long, 0.0) == 3
+    short = [Request(f"s{i}", (), [1, 2, 3], "k", 8) for i in range(3)]
+    assert [router.route(r, 0.0) for r in short[:2]] == [0, 2]
+    router.finish(long, 1.0, 8)
+    router.finish(short[0], 1.0, 8)
+    assert router.route(short[2], 1.0) == 0  # the balancer freed the one it counted, not the long prompt's
+
+    # Half the groups each: the balancer's turn falls on g0's EAGLE server, which cannot hold the prompt, so it
+    # goes to the plain server of g1 that can, and the balancer's count of it ends at once.
+    split = static_router(_backends(2), Static("split"))
+    split.engines_attached([_Room(1_000), _Room(10_000), _Room(1_000), _Room(10_000)])  # type: ignore[list-item]
+    assert split.route(Request("long", (), list(range(5_000)), "k", 8), 0.0) == 3
+    assert sorted(split.route(r, 0.0) for r in short[:2]) == [0, 3]
 
 
 def test_the_ceiling_names_the_assignment_that_meets_each_level(tmp_path: Path) -> None:
