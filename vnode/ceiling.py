@@ -41,7 +41,7 @@ from vnode.family import Member
 from vnode.family_sweep import WORKLOADS, Scale, Workload, cell_spec
 from vnode.gateway_router import BackendSpec
 from vnode.requests import Request
-from vnode.router import DrainLook, EngineWatcher, LeastInFlightRouter, Router
+from vnode.router import EngineWatcher, LeastInFlightRouter, NeverMoves, Router
 from vnode.smg_router import SmgCacheAwareRouter, SmgSettings
 from vnode.targets import TargetSpec, same_hardware_targets
 
@@ -49,7 +49,7 @@ Assignment = Literal["eagle", "plain", "split"]
 ASSIGNMENTS: tuple[Assignment, ...] = ("eagle", "plain", "split")
 
 
-class PinnedRouter:
+class PinnedRouter(NeverMoves):
     """A baseline's router (`inner`: the least-in-flight balancer, or SMG's cache_aware) over a fixed subset of a
     node's servers (`allowed`, by index): `inner` indexes the subset, and reads only its servers' engines. A
     request that no allowed server's KV cache can hold goes to the least-loaded other server that can (as the
@@ -95,20 +95,6 @@ class PinnedRouter:
         else:
             self._inner.finish(request, now, output_tokens, cached_tokens)
 
-    def take_moves(self) -> list[tuple[str, int]]:
-        return []  # a fixed assignment moves nothing
-
-    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
-        raise AssertionError("a pinned router moves nothing")
-
-    def resent(self, request: Request, to: int, now: float) -> None:
-        raise AssertionError("a pinned router moves nothing")
-
-    def drain_look(self, now: float) -> DrainLook | None:
-        return None
-
-    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
-        return []
 
 
 def _holds(core: EngineCore, request: Request) -> bool:

@@ -84,7 +84,27 @@ class DrainLook:
     mark: object
 
 
-class LeastInFlightRouter:
+class NeverMoves:
+    """The `Router` methods of a router that places each request once and never moves it (a balancer, SMG, a
+    fixed assignment): no moves, no drains; being told of a move is a bug."""
+
+    def take_moves(self) -> list[tuple[str, int]]:
+        return []
+
+    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
+        raise AssertionError(f"{type(self).__name__} moves nothing")
+
+    def resent(self, request: Request, to: int, now: float) -> None:
+        raise AssertionError(f"{type(self).__name__} moves nothing")
+
+    def drain_look(self, now: float) -> DrainLook | None:
+        return None
+
+    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
+        return []
+
+
+class LeastInFlightRouter(NeverMoves):
     """The data-parallel baselines' balancer: `loadtest.envelope.balancer.LeastInFlight` itself.
 
     A request counts from its choice until its response ends (ties rotate), as the real balancer
@@ -105,18 +125,3 @@ class LeastInFlightRouter:
 
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         self.balancer.release(self._held.pop(request.rid))
-
-    def take_moves(self) -> list[tuple[str, int]]:
-        return []  # a balancer never moves a request
-
-    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
-        raise AssertionError("a balancer moves nothing")
-
-    def resent(self, request: Request, to: int, now: float) -> None:
-        raise AssertionError("a balancer moves nothing")
-
-    def drain_look(self, now: float) -> DrainLook | None:
-        return None
-
-    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
-        return []

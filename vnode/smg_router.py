@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from backends.sim.core import EngineCore
 from vnode.requests import Request
-from vnode.router import DrainLook
+from vnode.router import NeverMoves
 
 _TIE_SECONDS = 1e-6  # LeastLoad's TIE_EPSILON_SECS
 
@@ -145,7 +145,7 @@ def routing_text(request: Request) -> str:
     return " ".join(content for _, content in request.messages)
 
 
-class SmgCacheAwareRouter:
+class SmgCacheAwareRouter(NeverMoves):
     """SMG's cache_aware policy in front of a baseline's servers; see the module docstring.
 
     `engines_attached` gives it the servers' engine cores (read at each load poll) before its first routing;
@@ -196,20 +196,6 @@ class SmgCacheAwareRouter:
     def finish(self, request: Request, now: float, output_tokens: int | None, cached_tokens: int = 0) -> None:
         self.inflight[self._held.pop(request.rid)] -= 1
 
-    def take_moves(self) -> list[tuple[str, int]]:
-        return []  # SMG never moves a request
-
-    def moved(self, request: Request, to: int, produced: int, now: float) -> None:
-        raise AssertionError("SMG moves nothing")
-
-    def resent(self, request: Request, to: int, now: float) -> None:
-        raise AssertionError("SMG moves nothing")
-
-    def drain_look(self, now: float) -> DrainLook | None:
-        return None
-
-    def drain(self, look: DrainLook) -> list[tuple[str, int]]:
-        return []
 
     def _poll(self, now: float) -> None:
         """Take the load reports due by `now` (SMG polls on a fixed period from its first)."""
