@@ -170,7 +170,7 @@ class GatewayRouter:
         if key is not None:
             pool.board.prefix.insert(key.keys, slot.backend.index, now)
         slot.on_progress = self._progress
-        self.policy.routed(snapshot, decision)
+        self.policy.routed(snapshot, decision, prompt)
         self._flights[request.rid] = _Flight(slot, now, key, prompt, handover=decision.then is not None)
         self._moving = self._moves(request.rid, decision) if self.policy.may_move(decision) else []
         if decision.then is not None:  # the exchange's handover: moved at its first token

@@ -163,11 +163,11 @@ class Policy(ABC):
         Pure: reads the snapshot and the policy's beliefs, changes neither.
         """
 
-    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:  # noqa: B027 - static policies keep no state
+    def routed(self, snapshot: PoolSnapshot, decision: Decision, prompt: Prompt | None = None) -> None:  # noqa: B027 - static policies keep no state
         """Record a request placed as `decision` says on the pool `snapshot` showed; once per request.
 
         Called for the policy's own decisions (fallback and failover included), never for forced routes;
-        `decision.tier` is the request's service tier.
+        `decision.tier` is the request's service tier, `prompt` what `choose` was told of its prompt.
         """
 
     def observe(self, completion: Completion) -> None:  # noqa: B027 - static policies learn nothing

@@ -33,7 +33,7 @@ class ThresholdPolicy(Policy):
             return Decision(snapshot.speculative.name, "below_threshold", tier)
         return Decision(snapshot.plain.name, "at_or_above_threshold", tier)
 
-    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+    def routed(self, snapshot: PoolSnapshot, decision: Decision, prompt: Prompt | None = None) -> None:
         self.lane.routed(decision.tier)
 
     def describe(self) -> dict[str, Any]:
@@ -65,7 +65,7 @@ class SpillPolicy(Policy):
             return Decision(snapshot.speculative.name, "eagle_below_cap", tier)
         return Decision(snapshot.plain.name, "eagle_at_cap", tier)
 
-    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+    def routed(self, snapshot: PoolSnapshot, decision: Decision, prompt: Prompt | None = None) -> None:
         self.lane.routed(decision.tier)
 
     def describe(self) -> dict[str, Any]:

@@ -191,4 +191,4 @@ def _placed(rt: Runtime, job: ProxyJob, snapshot: PoolSnapshot, decision: Decisi
     job.decision, job.decided_on = decision, snapshot
     rt.metrics.route_decisions.labels(decision.backend, decision.label).inc()
     if job.forced is None:
-        rt.policy.routed(snapshot, decision)
+        rt.policy.routed(snapshot, decision, job.prompt)

@@ -278,6 +278,39 @@ def test_a_prompt_goes_where_its_prefix_lives_once_prefill_cost_is_known() -> No
     assert policy.choose(groups((2, 0), (3, 0)), prompt=Prompt(3000.0, {}, 64)).backend == "g0-eagle"
 
 
+def engines_reporting(snapshot: PoolSnapshot, tokens: int, busy_us: int) -> PoolSnapshot:
+    """`snapshot` with every engine reporting `tokens` uncached prompt tokens prefilled in `busy_us` so far."""
+    return PoolSnapshot(tuple(replace(v, prefill_tokens=tokens, prefill_busy_us=busy_us) for v in snapshot.backends), snapshot.at)
+
+
+def test_a_prompt_does_not_queue_behind_the_long_prefill_just_sent_to_a_group() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    for _ in range(5):  # first tokens price a prompt token at 0.1 ms ...
+        policy.observe(Completion("g0-eagle", 65, 0.2, 64 * LLAMA_EAGLE.at(2), 2.0, 2.0, 22, prompt_tokens=2000))
+    idle = groups((0, 0), (0, 0))
+    for tokens in (1_000, 11_000):  # ... the engines' own prefill at 20 us (10,000 tokens in 0.2 s)
+        policy.routed(engines_reporting(idle, tokens, 20 * tokens), Decision("g0-eagle", "adaptive_predicted_faster"))
+    # A long prompt opening with a shared 512-token block both EAGLE servers hold (none holds more).
+    long = Prompt(80_000.0, {"g0-eagle": 512.0, "g1-eagle": 512.0}, max_tokens=64)
+    node = replace(groups((1, 0), (2, 0)), at=10.0)
+    assert policy.choose(node, prompt=long) == Decision("g0-eagle", "adaptive_predicted_faster")
+    policy.routed(node, Decision("g0-eagle", "adaptive_predicted_faster"), long)  # 1.59 s of prefill on g0's GPUs
+    # An 8,000-token prompt with the same block in the same instant: g0 still carries one request fewer
+    # (its prefill, 0.75 s at the first tokens' price, would stall one request fewer there), but there it
+    # would wait 1.59 s first.
+    node = replace(groups((2, 0), (3, 0)), at=10.0)
+    policy.attach(lambda: node)
+    queued = {group: entry["prefill_queued_seconds"] for group, entry in policy.beliefs()["groups"].items()}
+    assert queued == {"g0": pytest.approx(79_488 * 20e-6), "g1": 0.0}
+    prompt = Prompt(8_000.0, {"g0-eagle": 512.0, "g1-eagle": 512.0}, max_tokens=64)
+    assert policy.choose(node, prompt=prompt) == Decision("g1-eagle", "adaptive_prefill_wait")
+    # Once g0's prefill is done, the load decides again; and a prompt no server holds any of is left to
+    # the load, as before.
+    later = replace(node, at=12.0)
+    assert policy.choose(later, prompt=prompt) == Decision("g0-eagle", "adaptive_predicted_faster")
+    assert policy.choose(node, prompt=Prompt(8_000.0, {}, max_tokens=64)) == Decision("g0-eagle", "adaptive_predicted_faster")
+
+
 def test_a_prompt_is_priced_at_one_prefill_cost_on_either_kind_so_a_held_block_does_not_choose_the_mode() -> None:
     policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
     # Times to first token over 2,000 uncached tokens: 0.3 s on EAGLE servers (their queue for KV room in

@@ -320,6 +320,21 @@ def test_without_a_held_prefix_the_load_alone_decides() -> None:
     assert choose(backends, prompt=even) == choose(backends)
 
 
+def test_a_prompt_waits_for_the_prefill_queued_where_it_goes() -> None:
+    # Two idle groups, field's lines in ms: g0's GPUs have a long prompt's prefill still to run (`queued`).
+    backends = [eagle("g0"), plain("g0"), eagle("g1"), plain("g1")]
+    prompt = PromptCost({b.name: 300.0 for b in backends}, output_tokens=256)
+    assert choose(backends, prompt=prompt) == ("eagle-g0", "adaptive_predicted_faster")
+    queued = {"g0": GroupState(queued=2000.0), "g1": GroupState()}
+    assert choose(backends, queued, prompt) == ("eagle-g1", "adaptive_prefill_wait")
+    # ... weighed against what it costs elsewhere: on g1, beside five requests, it decodes its 256 tokens
+    # slower (on the plain server, faster at six) and its prefill stalls them, about 3.4 s in all: more
+    # than a 2 s wait, less than an 8 s one.
+    busy = [eagle("g0"), plain("g0"), eagle("g1", 5), plain("g1")]
+    assert choose(busy, queued, prompt) == ("eagle-g0", "adaptive_predicted_faster")
+    assert choose(busy, {"g0": GroupState(queued=8000.0)}, prompt) == ("plain-g1", "adaptive_prefill_wait")
+
+
 def test_the_other_server_of_a_group_takes_a_long_prompt_with_a_short_answer() -> None:
     # The group runs plain; its idle EAGLE server holds the whole prompt. A 4-token answer decoded
     # beside plain's steps costs less than prefilling 30 s worth; a 2,000-token one does not.

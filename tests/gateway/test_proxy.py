@@ -18,7 +18,7 @@ from backends.fdlimit import NofileLimit
 from gateway.config import Settings
 from gateway.edge.descriptors import plan_budget
 from gateway.metrics import GatewayMetrics
-from gateway.policies import Completion, Decision
+from gateway.policies import Completion, Decision, Prompt
 from gateway.policies.static import ThresholdPolicy
 from gateway.pool.backends import Health
 from gateway.pool.snapshot import PoolSnapshot
@@ -37,7 +37,7 @@ class RecordingPolicy(ThresholdPolicy):
         self.placed: list[Decision] = []
         self.completions: list[Completion] = []
 
-    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+    def routed(self, snapshot: PoolSnapshot, decision: Decision, prompt: Prompt | None = None) -> None:
         self.placed.append(decision)
 
     def observe(self, completion: Completion) -> None:

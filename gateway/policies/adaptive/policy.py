@@ -174,6 +174,7 @@ class AdaptivePolicy(Policy):
         self._prefill: dict[bool, float] = {}  # kind -> seconds to first token per uncached prompt token
         self._engine_prefill = EnginePrefill()  # ... as the engines count their prefill steps
         self._sent = SentPrompts()  # prompt tokens a routed request is sent to prefill
+        self._prefill_ends: dict[str, float] = {}  # group -> when the prefill routed to it should be done (pool clock)
         self._streamed = self._unstreamed = 0  # responses seen, streamed and not
         self._engine_steps = EngineSteps()  # each engine's decode steps, for backends no stream teaches
         self._mean_output = 256.0  # tokens per response, until responses say otherwise
@@ -267,11 +268,13 @@ class AdaptivePolicy(Policy):
             reason = "adaptive_cap"
         return name, reason
 
-    def routed(self, snapshot: PoolSnapshot, decision: Decision) -> None:
+    def routed(self, snapshot: PoolSnapshot, decision: Decision, prompt: Prompt | None = None) -> None:
         """Record per backend its kind, group and whether the group is shared, the decisions since it
-        last got a request and a pending probe; per group the last decision placed there and the mode
-        new requests go to; the arrival. Tau, the fits and the mean life change only in `observe`."""
+        last got a request and a pending probe; per group the last decision placed there, the mode new
+        requests go to and the prefill sent to it; the arrival. Tau, the fits and the mean life change only
+        in `observe`."""
         chosen = snapshot.get(decision.decodes_on)
+        self._queue_prefill(snapshot, snapshot.get(decision.backend), prompt)
         self._last[chosen.group] = f"{decision.decodes_on}: {decision.label}"
         self.lane.routed(decision.tier)
         if decision.reason == GROUP_SWITCH:  # read before the arrival moves the forecast
@@ -303,6 +306,16 @@ class AdaptivePolicy(Policy):
                 arm.since_routed = 0
             else:
                 arm.since_routed += 1
+
+    def _queue_prefill(self, snapshot: PoolSnapshot, first: BackendView, prompt: Prompt | None) -> None:
+        """The prompt's uncached tokens join its first-token server's group's prefill queue, drained at the
+        engines' own prefill cost from when it was sent (a group's servers take turns on its GPUs; a
+        handed-over stream's re-prefill and a moved stream's are left out). Unknown cost or prompt: nothing."""
+        cost = self._engine_prefill.cost.get(first.speculative) or self._engine_prefill_cost()
+        if prompt is None or not cost:
+            return
+        start = max(self._prefill_ends.get(first.group, 0.0), snapshot.at)
+        self._prefill_ends[first.group] = start + prompt.uncached(first.name) * cost
 
     def may_move(self, decision: Decision) -> bool:
         return self.move_running and (decision.reason == GROUP_SWITCH or decision.decodes_on in self._drained)
@@ -509,7 +522,8 @@ class AdaptivePolicy(Policy):
     def beliefs(self) -> dict[str, Any]:
         """Fitted lines, predicted TPOT for one more request at the current load, the prompt costs the prefix
         rule prices (prefill per token by kind, the share of prompts found cached and the reuse it
-        implies), the mean output, per-group beliefs, the crossover."""
+        implies), the mean output, per-group beliefs (the prefill a request sent there now would wait
+        behind among them), the crossover."""
         snapshot = self._live() if self._live is not None else None
         views = {b.name: b for b in snapshot.backends} if snapshot else {}
         predicted = {}
@@ -533,10 +547,11 @@ class AdaptivePolicy(Policy):
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
             kinds = self._kinds.of(list(snapshot.backends), outlooks)
             states = [self._state(v, outlooks[v.name], kinds) for v in snapshot.backends]
-            expected = {group: state.load for group, state in self._groups(snapshot).items()}
-            beliefs["groups"] = group_beliefs(snapshot, states, expected)
+            known = self._groups(snapshot)
+            beliefs["groups"] = group_beliefs(snapshot, states, {group: state.load for group, state in known.items()})
             for group, entry in beliefs["groups"].items():
                 entry["last_decision"] = self._last.get(group)
+                entry["prefill_queued_seconds"] = known[group].queued if group in known else 0.0
         cross = self.crossover()
         if cross is not None:
             beliefs["crossover_concurrency"] = cross
@@ -771,7 +786,9 @@ class AdaptivePolicy(Policy):
         trying = self._trying(snapshot)
         prefilling = self._prefilling()
         burst = self._forecast.in_burst(snapshot.at)
-        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving, prefilling, burst)
+        ends = self._prefill_ends
+        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving, prefilling, burst,
+                                    max(ends.get(v.group, 0.0) - snapshot.at, 0.0))
                 for v in snapshot.backends}
 
     def _prefilling(self) -> float:

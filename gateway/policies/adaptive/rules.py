@@ -2,17 +2,17 @@
 
 A group is GPUs running one EAGLE-3 and one plain server co-located (their steps take turns) or one server
 alone (partitioned). Per backend: its TPOT curve (decode alone), in-flight count, tau and the share of its
-in-flight output to come; per group its expected, settled and arriving loads, its mode and prefill share.
-`choose`, reasons in brackets: (1) a co-located group runs the mode serving its expected load `L = max(n_group + 1, expected)`
-fastest [`adaptive_predicted_faster`]; (2) it changes mode only when the gain over a few lives pays
-for the requests a switch strands in the old mode (both servers' steps every round until they
-drain) [`adaptive_group_switch`, else `adaptive_group_stay`], leaves speculation only for a gain
-at the load the request meets over its life too, and turns to speculation only for one at its settled
-load too, within the load EAGLE was measured at or in a trial past it [`adaptive_reach_trial`]; (3)
-the request goes to the group where it would decode fastest, priced at the round it joins (its server's
-step plus the other server's, if that one has requests), slowed by the prefill its requests bring (alike
-for both modes); (4) a capped backend gets nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`].
-Every price counts the wait for KV room (`BackendState.room`). Derivation and measures: docs/adaptive.md.
+in-flight output to come; per group its loads, its mode, prefill share and queued prefill. `choose`, reasons
+in brackets: (1) a co-located group runs the mode serving `L = max(n_group + 1, expected)` fastest
+[`adaptive_predicted_faster`]; (2) it changes mode only when the gain over a few lives pays for the
+requests a switch strands in the old mode (both servers' steps every round until they drain)
+[`adaptive_group_switch`, else `adaptive_group_stay`], leaves speculation only for a gain at the load the
+request meets over its life too, and turns to speculation only for one at its settled load too, within
+the load EAGLE was measured at or in a trial past it [`adaptive_reach_trial`]; (3) the request goes to the
+group where it would decode fastest, priced at the round it joins (its server's step and the other's if
+busy), slowed by its requests' prefill (alike for both modes), its first token after the prefill queued
+there [`adaptive_prefill_wait`]; (4) a capped backend gets nothing [`adaptive_cap`], nor a `full` one
+[`adaptive_kv_room`]. Prices count the wait for KV room (`BackendState.room`). More: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ GROUP_SWITCH = "adaptive_group_switch"
 REACH_TRIAL = "adaptive_reach_trial"
 # The reason of one that passed over a server whose KV cache would have made it wait (`BackendState.full`).
 KV_ROOM = "adaptive_kv_room"
+# The reason of one that passed over the group the load chose for the prefill queued there (`GroupState.queued`).
+PREFILL_WAIT = "adaptive_prefill_wait"
 # A group whose arrivals stopped moves its plain streams to speculation (`drain`) once no request has come
 # for this many mean gaps between the latest arrivals, ...
 DRAIN_QUIET = 4.0
@@ -104,6 +106,9 @@ class GroupState:
     # The request comes in one burst with the one before it: how many more come in it is not known, so the
     # load it settled at before says nothing of whether the load now passes.
     burst: bool = False
+    # Seconds of prefill already sent to its GPUs that a request sent now would wait behind for its first
+    # token (its servers' prefills take turns on them).
+    queued: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,12 +149,14 @@ def choose(
     `groups` holds each group's expected load and mode; a group missing from it has neither yet.
     `strays_follow`: a group's switch moves its old mode's streams to the new one (`moves`), so a switch
     is priced as the new mode carrying the group's load; without, they stay there until they end.
-    With `prompt`, each option is priced at its prefill plus its decode of the expected output, for this
-    request and the later ones building on it (those at the mean price of that kind of placement over
-    the groups, moved towards its own by the share of its load that lasts until they come), and the
+    With `prompt`, each option is priced at its prefill (the prefill queued on its group, then its own)
+    plus its decode of the expected output, for this request and the later ones building on it (those at
+    the mean price of that kind of placement over the groups, moved towards its own by the share of its
+    load that lasts until they come), and the
     other server of a group that holds the prompt's prefix is an option too (`adaptive_prefix_beside`:
     it does not change the group's mode); a group's own choice that differs from the load-only one
-    because of the prefill is labelled `adaptive_prefix`.
+    because it holds more of the prompt is labelled `adaptive_prefix`, because less prefill is queued
+    there `adaptive_prefill_wait`.
     """
     available = [b for b in backends if b.available]
     if not available:
@@ -168,8 +175,12 @@ def choose(
         least = min(available, key=lambda b: (b.inflight, b.name))
         return least.name, "adaptive_cap"
     best = min(options, key=lambda o: (o.predicted, o.load, o.backend.name))
-    if prompt is None or all(prompt.prefill.get(b.name, 0.0) >= prompt.prefill.get(best.backend.name, 0.0) for b in available):
-        return best.backend.name, best.reason  # nowhere holds more of the prompt than the load's choice
+    waits = {group: known[group].queued if group in known else 0.0 for group in by_group}
+    if prompt is None or (
+        all(prompt.prefill.get(b.name, 0.0) >= prompt.prefill.get(best.backend.name, 0.0) for b in available)
+        and all(waits[o.backend.group] >= waits[best.backend.group] for o in options)
+    ):
+        return best.backend.name, best.reason  # nowhere holds more of the prompt or waits less than the load's choice
     # The prefix lives somewhere: the other server of its group is a candidate as well (priced beside
     # the group's requests, it rarely pays for more than a long prompt with a short answer).
     holders = [b for b in available if b.open and b not in (o.backend for o in options) and prompt.prefill.get(b.name, 0.0) < max(prompt.prefill.values(), default=0.0)]
@@ -181,8 +192,9 @@ def choose(
     usual = _usual_prices(candidates)
 
     def cost(o: _Option) -> tuple[float, int, str]:
-        # A prefill stalls the group's running requests as long as it delays this one's first token.
-        prefill = prompt.prefill.get(o.backend.name, 0.0) * (1.0 + o.load)
+        # A prefill stalls the group's running requests as long as it delays this one's first token; the
+        # prefill queued ahead of it delays this one alone.
+        prefill = waits[o.backend.group] + prompt.prefill.get(o.backend.name, 0.0) * (1.0 + o.load)
         price = o.predicted + o.harm
         later = usual[_kind(o)] + prompt.persistence * (price - usual[_kind(o)])
         return prefill + (price + prompt.reuse * later) * prompt.output_tokens, o.load, o.backend.name
@@ -190,7 +202,9 @@ def choose(
     cheapest = min(candidates, key=cost)
     if cheapest.backend is best.backend or cheapest.reason == "adaptive_prefix_beside":
         return cheapest.backend.name, cheapest.reason
-    return cheapest.backend.name, "adaptive_prefix"
+    if prompt.prefill.get(cheapest.backend.name, 0.0) < prompt.prefill.get(best.backend.name, 0.0):
+        return cheapest.backend.name, "adaptive_prefix"
+    return cheapest.backend.name, PREFILL_WAIT
 
 
 def _slowed(o: _Option, groups: Mapping[str, GroupState]) -> _Option:
