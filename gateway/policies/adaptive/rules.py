@@ -154,9 +154,9 @@ def choose(
     the mean price of that kind of placement over the groups, moved towards its own by the share of its
     load that lasts until they come), and the
     other server of a group that holds the prompt's prefix is an option too (`adaptive_prefix_beside`:
-    it does not change the group's mode); a group's own choice that differs from the load-only one
-    because it holds more of the prompt is labelled `adaptive_prefix`, because less prefill is queued
-    there `adaptive_prefill_wait`.
+    it does not change the group's mode); a group's own choice that differs from the load-only one is
+    labelled `adaptive_prefill_wait` where less prefill is queued there and no more of the prompt is to
+    prefill, else `adaptive_prefix`.
     """
     available = [b for b in backends if b.available]
     if not available:
@@ -202,9 +202,10 @@ def choose(
     cheapest = min(candidates, key=cost)
     if cheapest.backend is best.backend or cheapest.reason == "adaptive_prefix_beside":
         return cheapest.backend.name, cheapest.reason
-    if prompt.prefill.get(cheapest.backend.name, 0.0) < prompt.prefill.get(best.backend.name, 0.0):
-        return cheapest.backend.name, "adaptive_prefix"
-    return cheapest.backend.name, PREFILL_WAIT
+    waited = waits[cheapest.backend.group] < waits[best.backend.group]
+    if waited and prompt.prefill.get(cheapest.backend.name, 0.0) >= prompt.prefill.get(best.backend.name, 0.0):
+        return cheapest.backend.name, PREFILL_WAIT
+    return cheapest.backend.name, "adaptive_prefix"
 
 
 def _slowed(o: _Option, groups: Mapping[str, GroupState]) -> _Option:
