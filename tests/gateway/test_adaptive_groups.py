@@ -375,6 +375,28 @@ def test_a_long_prompt_does_not_wait_for_kv_room_where_a_server_of_its_kind_else
     assert policy.choose(holding(node, g0_eagle=50_000.0, g1_eagle=50_000.0), prompt=long).backend == "g0-eagle"
 
 
+def test_short_of_kv_room_everywhere_a_long_prompt_goes_where_it_would_wait_least() -> None:
+    policy = trained(2, LLAMA_EAGLE, LLAMA_PLAIN)
+    node = with_kv(groups((1, 0), (3, 0)), g0_eagle=60_000, g0_plain=60_000, g1_eagle=60_000, g1_plain=60_000)
+
+    def holding(**held: tuple[float, float, int]) -> PoolSnapshot:
+        """`node` with its in-flight requests holding (prompt tokens, expected output, chunks relayed), by backend name."""
+        views = []
+        for v in node.backends:
+            prompt, expected, chunks = held.get(v.name.replace("-", "_"), (0.0, 0.0, 0))
+            views.append(replace(v, held_prompt_tokens=prompt, expected_tokens=expected, relayed_chunks=chunks))
+        return PoolSnapshot(tuple(views))
+
+    long = Prompt(20_000.0, {}, 512)
+    # Both EAGLE servers are short of room for it. Where half as many of their tokens must end first, it waits less ...
+    assert policy.choose(holding(g0_eagle=(50_000.0, 512.0, 0), g1_eagle=(42_000.0, 1_536.0, 0)), prompt=long).backend == "g1-eagle"
+    # ... and where the shares are alike, the load decides: which requests end first is not known.
+    assert policy.choose(holding(g0_eagle=(50_000.0, 512.0, 0), g1_eagle=(46_000.0, 1_536.0, 0)), prompt=long).backend == "g0-eagle"
+    # As short of room, a server whose requests have nearly all their output is done with them sooner.
+    assert policy.choose(holding(g0_eagle=(50_000.0, 512.0, 0), g1_eagle=(50_000.0, 1_536.0, 0)), prompt=long).backend == "g0-eagle"
+    assert policy.choose(holding(g0_eagle=(50_000.0, 512.0, 0), g1_eagle=(50_000.0, 1_536.0, 1_500)), prompt=long).backend == "g1-eagle"
+
+
 def test_the_kv_room_is_learned_from_the_responses_footprint() -> None:
     # Plain's line is measured nearly flat, so it looks faster than EAGLE's at a burst of 16 in the group;
     # once responses show 7,680 + 512 tokens a request, plain's 56,000-token KV cache holds 6 of them.

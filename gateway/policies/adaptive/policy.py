@@ -17,6 +17,7 @@ requests are never probes and see the true predictions, default and flex leave t
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -116,6 +117,12 @@ TRIAL_HOLD_LIVES = 4.0
 # this many times the load it began at: it is falling behind, not measuring (beside its plain streams its
 # EAGLE responses are not read, and those streams drain slower with every request EAGLE's steps take on).
 TRIAL_GROWTH = 2.0
+# A request short of KV room where it would go goes to a server of that kind in another group where it is
+# predicted to wait less than this share as long. The estimate is rough (requests end unevenly), so only a
+# clearly shorter wait moves it off the load's choice.
+ROOM_WAIT_SHARE = 0.5
+# A server's in-flight requests are taken to end evenly over this many times the mean output they have left.
+DRAIN_SPREAD = 2.0
 # Decisions that do not set a group's mode: a probe measures the other mode on an idle group, and a
 # capped or cold-start request goes where there is room or a measurement to take.
 _NOT_A_MODE = (
@@ -251,7 +258,7 @@ class AdaptivePolicy(Policy):
         probe = self._probe(snapshot, available, outlooks, kinds) if tier != PRIORITY else None
         if probe is not None:
             return probe.backend, probe.reason
-        waiting = _waiting_for_room(available, prompt, self._mean_output)
+        waiting = _waiting_for_room(available, prompt, self._mean_output, lambda v: self._drain_time(v, outlooks[v.name], kinds))
         states = [self._state(v, outlooks[v.name], kinds, full=v.name in waiting) for v in available]
         if tier != PRIORITY and self.lane.active:  # default and flex leave the lane to priority traffic
             states = lane_view(states, self.lane.settings)
@@ -710,6 +717,18 @@ class AdaptivePolicy(Policy):
             takeover=self._takeover(view, remaining) if self.move_running else None,
         )
 
+    def _drain_time(self, view: BackendView, outlook: Outlook, kinds: dict[bool, KindLine]) -> float:
+        """Seconds until `view`'s in-flight requests have all ended: their mean output left (a mean response's
+        where their expected output is not known; a token at least), spread over `DRAIN_SPREAD` times that,
+        at its kind's TPOT at its load; inf before its kind has a line."""
+        if view.inflight == 0:
+            return 0.0
+        if view.speculative not in kinds:
+            return math.inf
+        tau = outlook.tau if view.speculative else 1.0
+        left = max((view.expected_tokens - view.relayed_chunks * tau) / view.inflight, 1.0) if view.expected_tokens > 0 else self._mean_output
+        return DRAIN_SPREAD * left * self._kind_line(view.speculative, kinds).at(view.inflight)
+
     def _stall_cost(self, kind: bool) -> float:
         """Seconds a prompt token re-prefilled on a `kind` server stalls its batch: as its engines count their
         prefill (else their kinds' mean), else as times to first token taught it (its queueing included,
@@ -851,24 +870,33 @@ class _Trial:
     measured: bool = False
 
 
-def _waiting_for_room(available: list[BackendView], prompt: Prompt | None, mean_output: float) -> set[str]:
+def _waiting_for_room(available: list[BackendView], prompt: Prompt | None, mean_output: float, drain: Callable[[BackendView], float]) -> set[str]:
     """The backends where the request would wait for KV room, as SGLang admits it (its uncached prompt and
-    output beside what the in-flight requests hold: their prompts to prefill and expected outputs), and
-    a server of the same kind in another group would not. Only that wait is avoided: a server of the other
-    kind, or its own group's other one, would mix modes on shared GPUs for the request's whole life,
-    against a wait that usually ends with the next response."""
+    output beside what the in-flight requests hold: their prompts to prefill and expected outputs), where
+    a server of the same kind in another group would make it wait less than `ROOM_WAIT_SHARE` as long (or
+    not at all). Only that wait is avoided: a server of the other kind, or its own group's other one, would
+    mix modes on shared GPUs for the request's whole life, against a wait that usually ends with the next
+    response.
+
+    A wait is the share of the server's footprint that must end before the request fits, of `drain(v)`:
+    the seconds until its in-flight requests have all ended (inf: not known)."""
     if prompt is None:
         return set()
     output = prompt.max_tokens if prompt.max_tokens is not None else mean_output
 
-    def waits(v: BackendView) -> bool:
-        return bool(v.kv_tokens) and v.held_prompt_tokens + v.expected_tokens + prompt.uncached(v.name) + output > v.kv_tokens
+    def wait(v: BackendView) -> float:
+        held = v.held_prompt_tokens + v.expected_tokens
+        short = held + prompt.uncached(v.name) + output - v.kv_tokens
+        if not v.kv_tokens or short <= 0:
+            return 0.0
+        return min(short / held, 1.0) * drain(v) if held > 0 else math.inf
 
-    full = [v for v in available if waits(v)]
-    if not full:
-        return set()
-    roomy = [v for v in available if not waits(v)]
-    return {v.name for v in full if any(r.speculative == v.speculative and r.group != v.group for r in roomy)}
+    waits = {v.name: wait(v) for v in available}
+    return {
+        v.name
+        for v in available
+        if waits[v.name] > 0 and any(r.speculative == v.speculative and r.group != v.group and waits[r.name] < ROOM_WAIT_SHARE * waits[v.name] for r in available)
+    }
 
 
 def _holding(available: list[BackendView], prompt: Prompt | None) -> list[BackendView]:

@@ -77,7 +77,8 @@ class BackendState:
     # queues the rest, so a load of n runs `room` at a time and every request's life stretches by n / room.
     room: float | None = None
     # Its KV cache cannot take this request beside its in-flight ones (SGLang would queue it until they end)
-    # while a server of its kind in another group can: the mean-size `room` does not see a long prompt's wait.
+    # while a server of its kind in another group can, or would after a much shorter wait: the mean-size
+    # `room` does not see a long prompt's wait.
     full: bool = False
     # GPU seconds, per token of a request life, its group's other server would spend re-prefilling its
     # in-flight requests (their prompts and output so far) to take them over when the group switches away
