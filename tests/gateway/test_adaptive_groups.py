@@ -461,3 +461,33 @@ def test_a_conversations_next_turn_is_not_moved_for_a_load_that_will_have_passed
     # Sent two seconds ago (a conversation's last turn and a think time): g0's request will have ended
     # when the next turn comes.
     assert policy.choose(node, prompt=prompt(2.0)) == Decision("g0-eagle", "adaptive_prefix")
+
+
+def test_an_arrival_at_an_idle_node_under_light_traffic_speculates_whatever_the_last_burst_met() -> None:
+    """field-8gpu's lines cross at 1.7 requests. Lone arrivals two seconds apart, then a burst of four that
+    turned the group plain: the arrivals of the last lives met two on average, where a request that
+    finds the node idle meets itself and, at the rate of the last arrivals, a third of one more. It
+    speculates. Amid heavier traffic (most arrivals finding company) an idle moment changes nothing."""
+
+    def light_then_burst() -> AdaptivePolicy:
+        policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)
+        for _ in range(60):  # a mean life of 0.77 s: one plain request alone
+            policy.observe(completion("g0-plain", FIELD_PLAIN, 1))
+        for t in (10.0, 12.0, 14.0, 16.0, 18.0):
+            policy.routed(replace(groups((0, 0)), at=t), Decision("g0-eagle", "adaptive_predicted_faster"))
+        policy.routed(replace(groups((0, 0)), at=20.0), Decision("g0-eagle", "adaptive_predicted_faster"))
+        policy.routed(replace(groups((1, 0)), at=20.05), Decision("g0-plain", "adaptive_group_switch"))
+        for k, t in enumerate((20.1, 20.15)):
+            policy.routed(replace(groups((0, 2 + k)), at=t), Decision("g0-plain", "adaptive_predicted_faster"))
+        return policy
+
+    policy = light_then_burst()
+    assert policy.choose(replace(groups((0, 0)), at=22.0)) == Decision("g0-eagle", "adaptive_group_switch")
+    assert policy.choose(replace(groups((0, 1)), at=22.0)).backend == "g0-plain"  # not alone: the forecast stands
+
+    busy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)
+    for _ in range(60):
+        busy.observe(completion("g0-plain", FIELD_PLAIN, 1))
+    for k in range(10):  # each arrival a second apart finds two plain requests in flight
+        busy.routed(replace(groups((0, 2)), at=10.0 + k), Decision("g0-plain", "adaptive_predicted_faster"))
+    assert busy.choose(replace(groups((0, 0)), at=21.0)).backend == "g0-plain"

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from gateway.policies.adaptive.forecast import (
+    IDLE_SHARE,
     MET_ARRIVALS,
     RISE_AHEAD,
     RISE_WINDOW,
@@ -164,3 +165,48 @@ def test_a_lull_after_heavy_traffic_is_not_light_traffic() -> None:
     assert forecast.load(5.0 + 0.5 * MET_ARRIVALS, 0) == 1.0
     # Quiet for twice the settled span: light at last, whatever came before.
     assert forecast.settled(5.0 + 0.5 * MET_ARRIVALS + 2 * SETTLED_LIVES * 0.5, 0) == 1.0
+
+
+def test_an_arrival_at_an_idle_node_under_light_traffic_expects_only_those_joining_it() -> None:
+    """Light Poisson traffic: an idle arrival is joined over its life by half the arrivals of a life, as
+    many as the last arrivals found in flight (Little). A pair that overlapped among the last few lifts
+    the mean load of the last lives' arrivals by half, that by a sixteenth."""
+    for rate in (0.25, 0.5):
+        forecast = LoadForecast()
+        forecast.finished(0.75)
+        draw = random.Random(1)
+        t, ends, readings = 0.0, [], []
+        for _ in range(2000):
+            t += draw.expovariate(rate)
+            ends = [e for e in ends if e > t]
+            if not ends and (joining := forecast.joining()) is not None:
+                readings.append(joining)
+            forecast.arrived(t, len(ends))
+            ends.append(t + 0.75)
+        assert len(readings) > 1000  # most arrivals find the node idle, and light
+        assert sum(readings) / len(readings) == pytest.approx(rate * 0.75 / 2.0, rel=0.15)
+    forecast = LoadForecast()
+    forecast.finished(0.75)
+    for k in range(MET_ARRIVALS - 2):  # lone arrivals two seconds apart, then a pair
+        forecast.arrived(2.0 * k, 0)
+    forecast.arrived(2.0 * MET_ARRIVALS, 0)
+    forecast.arrived(2.0 * MET_ARRIVALS + 0.1, 1)
+    at = 2.0 * MET_ARRIVALS + 2.0
+    assert forecast.load(at, 0) >= 1.5  # the few arrivals of the last lives: half of them met two
+    assert forecast.joining() == pytest.approx(1 / MET_ARRIVALS / 2.0)  # the last eight found one in flight in all
+
+
+def test_an_idle_moment_amid_heavier_traffic_says_nothing_of_what_joins() -> None:
+    """Where fewer than `IDLE_SHARE` of the last arrivals found the node idle, its idle moment is a lull, a
+    closed loop refilling or a burst's gap: no reading."""
+    forecast = LoadForecast()
+    forecast.finished(0.5)
+    closed_loop(forecast, 32, 0.0, 3.0)
+    assert forecast.joining() is None  # every arrival met 31 others
+    assert LoadForecast().joining() is None  # nothing known
+    busy = round(MET_ARRIVALS * (1.0 - IDLE_SHARE)) + 1
+    for k in range(MET_ARRIVALS):  # light, but more than half of the last arrivals found company
+        forecast.arrived(10.0 + k, 1 if k < busy else 0)
+    assert forecast.joining() is None
+    forecast.arrived(10.0 + MET_ARRIVALS, 0)
+    assert forecast.joining() is not None

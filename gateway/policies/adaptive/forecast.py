@@ -10,9 +10,9 @@ and what is there now (in flight and this request) plus the rise of the in-fligh
 the last quarter life carried half a life ahead: a step up in open-loop load is seen after a handful
 of arrivals. A burst is one event, not a rate that goes on (a closed loop starting, or replacing its
 completions in waves), so it is left out of the rise; the gateway reads it one request at a time,
-over a millisecond or so: arrivals closer together than a small share of the mean gap between
-arrivals came in one burst. The life is the EWMA of finished requests' time from arrival to last
-token; before the first, only what is there now is known.
+over a millisecond or so: arrivals closer than a small share of the mean gap came in one burst. One
+finding the node idle under light traffic meets only those joining it (`joining`). The life is the
+EWMA of finished requests' arrival-to-last-token times; until one, only what is there now counts.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ _KEEP_LIVES = 2 * SETTLED_LIVES  # ... of this many lives at most; older ones ar
 # An arrival within this share of the mean gap between the arrivals kept (reckoned at MET_ARRIVALS a life
 # at least) of the one before came in the same burst: a 32nd of the mean gap catches 3% of Poisson gaps.
 INSTANT_SHARE = 1.0 / 32.0
+# Traffic is light where at least this share of the last MET_ARRIVALS arrivals found the node idle.
+IDLE_SHARE = 0.5
 
 
 class LoadForecast:
@@ -40,6 +42,7 @@ class LoadForecast:
         self.life = 0.0  # seconds; 0 until a request finished
         self._times: list[float] = []  # routing times, in order
         self._met: list[float] = [0.0]  # running sum of the loads the arrivals met (one entry ahead of `_times`)
+        self._idle: list[int] = [0]  # running count of the arrivals that found the node idle (alike)
         self._first = 0  # index of the oldest kept
         self._routed: deque[tuple[float, int, bool]] = deque()  # (time, in flight with it, in a burst)
         self._batched = 0  # how many of those came in a burst
@@ -49,12 +52,13 @@ class LoadForecast:
         batch = self._first < len(self._times) and at - self._times[-1] <= self._instant()
         self._times.append(at)
         self._met.append(self._met[-1] + inflight + 1)
+        self._idle.append(self._idle[-1] + (inflight == 0))
         self._routed.append((at, inflight + 1, batch))
         self._batched += batch
         if self.life > 0.0:
             self._first = bisect.bisect_left(self._times, at - _KEEP_LIVES * self.life, lo=self._first)
             if self._first > 1024 and self._first * 2 > len(self._times):
-                del self._times[: self._first], self._met[: self._first]
+                del self._times[: self._first], self._met[: self._first], self._idle[: self._first]
                 self._first = 0
             horizon = at - RISE_WINDOW * self.life
             while self._routed and self._routed[0][0] < horizon:
@@ -89,6 +93,20 @@ class LoadForecast:
         if self.life == 0.0:
             return now
         return max(self._mean(at, SETTLED_LIVES * self.life), now)
+
+    def joining(self) -> float | None:
+        """Requests expected beside one that arrives now to find the node idle, averaged over its life:
+        half as many as arrive in a life, which is as many as the last `MET_ARRIVALS` arrivals found in
+        flight on average (Little; read from the node's counts, so alike with one worker or several),
+        each there from its arrival on. None unless traffic is light: at least `IDLE_SHARE` of those
+        arrivals found the node idle (amid heavier traffic an idle moment is a lull, a closed loop
+        refilling or the gap before a burst, and says nothing of what joins)."""
+        if self.life == 0.0 or len(self._times) < MET_ARRIVALS:
+            return None
+        if self._idle[-1] - self._idle[-1 - MET_ARRIVALS] < IDLE_SHARE * MET_ARRIVALS:
+            return None
+        found = (self._met[-1] - self._met[-1 - MET_ARRIVALS]) / MET_ARRIVALS - 1.0
+        return found / 2.0
 
     def in_burst(self, at: float) -> bool:
         """Whether a request routed at `at` comes in one burst with the one routed before it (`_instant`)."""

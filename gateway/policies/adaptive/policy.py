@@ -791,12 +791,18 @@ class AdaptivePolicy(Policy):
     def _group_loads(self, snapshot: PoolSnapshot) -> tuple[float, float, float]:
         """The load each group is expected to carry over the next request life, the load each has
         been carrying over the last few, and the requests expected to arrive at each over the next life:
-        the node's forecast, settled load and arrivals over its groups (read once per snapshot)."""
+        the node's forecast, settled load and arrivals over its groups (read once per snapshot). A
+        request finding the node idle under light traffic expects no more than itself and those joining
+        it over its life (`LoadForecast.joining`), over the groups, for both: the mean load its
+        predecessors met says more of their bursts than of the life it is starting."""
         read_on, loads = self._loads
         if read_on is not snapshot:
             groups = len({v.group for v in snapshot.backends if v.available}) or 1
             reading = (snapshot.at, snapshot.total_inflight)
             loads = (self._forecast.load(*reading) / groups, self._forecast.settled(*reading) / groups, self._forecast.arriving(*reading) / groups)
+            if snapshot.total_inflight == 0 and (joining := self._forecast.joining()) is not None:
+                lone = 1.0 + joining / groups
+                loads = (min(loads[0], lone), min(loads[1], lone), loads[2])
             self._loads = (snapshot, loads)
         return loads
 
