@@ -202,35 +202,6 @@ def test_speculation_is_not_trusted_past_where_it_was_measured() -> None:
     assert choose(near, {"g0": GroupState(5.0, False, settled=5.0)}) == ("eagle-g0", "adaptive_group_switch")
 
 
-def test_a_reach_trial_tries_speculation_measured_only_alone_at_a_busy_groups_load() -> None:
-    # EAGLE measured on lone requests only, its line beyond at the prior's steep slope (slower than plain at
-    # 16), plain measured busy: outside a trial the group stays plain; in one it turns to EAGLE, and stays
-    # there while EAGLE is still unmeasured at its load.
-    e = TpotCurve(((1.0, 3.9),), 0.39, 0.39)
-    p = TpotLine(6.3, 0.06)
-    backends = [eagle(line=e, tau=2.9), plain(inflight=15, line=p, remaining=0.5)]
-    assert choose(backends, {"g0": GroupState(16.0, False, settled=16.0)}) == ("plain-g0", "adaptive_predicted_faster")
-    trial = {"g0": GroupState(16.0, False, settled=16.0, trial=True)}
-    assert choose(backends, trial) == ("eagle-g0", "adaptive_reach_trial")
-    held = [eagle(inflight=3, line=e, tau=2.9), plain(inflight=12, line=p, remaining=0.5)]
-    assert choose(held, {"g0": GroupState(16.0, True, settled=16.0, trial=True)}) == ("eagle-g0", "adaptive_reach_trial")
-
-
-def test_a_reach_trial_believes_a_measured_slope_and_a_loss_at_the_edge() -> None:
-    p = TpotLine(6.3, 0.06)
-    state = {"g0": GroupState(16.0, False, settled=16.0, trial=True)}
-    # Measured from 1 to 4 requests, EAGLE's own slope puts it above plain at 16: no trial.
-    measured = TpotCurve(((1.0, 3.9), (4.0, 6.0)), 0.7, 0.7)
-    assert choose([eagle(line=measured, tau=2.9), plain(inflight=15, line=p, remaining=0.5)], state)[1] != "adaptive_reach_trial"
-    # Measured alone only, but no faster than plain even there: no trial.
-    slow = TpotCurve(((1.0, 6.4),), 0.64, 0.64)
-    assert choose([eagle(line=slow, tau=2.9), plain(inflight=15, line=p, remaining=0.5)], state)[1] != "adaptive_reach_trial"
-    # Within its reach the usual rule decides, trial or not.
-    alone = TpotCurve(((1.0, 3.9),), 0.39, 0.39)
-    light = {"g0": GroupState(1.0, False, settled=1.0, trial=True)}
-    assert choose([eagle(line=alone, tau=2.9), plain(line=p)], light) == ("eagle-g0", "adaptive_group_switch")
-
-
 def test_plain_measured_at_light_load_does_not_hold_a_busy_group_on_eagle() -> None:
     # Plain decode measured at one and two requests, a few responses slowed by prefills: the stretch's
     # slope carried to 16 prices plain above EAGLE there, and plain is never sent the load that would

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gateway.config import PolicyConfig
@@ -43,7 +43,6 @@ from gateway.policies.adaptive.rules import (
     DRAIN_TAIL,
     GROUP_SWITCH,
     KV_ROOM,
-    REACH_TRIAL,
     BackendState,
     PromptCost,
     GroupState,
@@ -104,19 +103,6 @@ PREFILL_MIN_TOKENS = 256
 # A response's end is followed by a look for a drain (rule 9) this share of a mean life later: a closed
 # loop's client sends its next request by then, so its completions do not read as its traffic stopping.
 DRAIN_WAIT = 1.0 / 32.0
-# A group on plain decode turns to speculation only within EAGLE's measured reach (rules.EAGLE_REACH), so a
-# gateway that starts under load would never measure EAGLE there when it had run only near one request.
-# After this many mean lives with no request sent to speculation, one group of several tries it (a reach
-# trial: `rules._reach_trial`) ...
-TRIAL_LIVES = 4.0
-# ... for this many lives: its plain streams drain in the first, then its EAGLE responses are points of
-# EAGLE's curve at the group's load, and the rules decide as usual. A single group is never tried: the
-# trial would be the whole node's.
-TRIAL_HOLD_LIVES = 4.0
-# Before EAGLE's curve has taken a point in its group, a trial ends where the group's in-flight count passes
-# this many times the load it began at: it is falling behind, not measuring (beside its plain streams its
-# EAGLE responses are not read, and those streams drain slower with every request EAGLE's steps take on).
-TRIAL_GROWTH = 2.0
 # A request short of KV room where it would go goes to a server of that kind in another group where it is
 # predicted to wait less than this share as long. The estimate is rough (requests end unevenly), so only a
 # clearly shorter wait moves it off the load's choice.
@@ -193,8 +179,6 @@ class AdaptivePolicy(Policy):
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._drained: set[str] = set()  # plain servers whose group's streams went to EAGLE in a drain (rule 9)
-        self._speculated_at: float | None = None  # the last routing that sent a group to speculation (rules: a trial)
-        self._trial: _Trial | None = None
         # The group the latest switch turned and the load it was priced at (rule 1's L): its strays are
         # judged at that load, or a switch priced at a forecast above the in-flight count could find its
         # mode slower for every stray and leave the modes mixed.
@@ -290,10 +274,6 @@ class AdaptivePolicy(Policy):
         self._arrival_output = self._mean_output
         self._sent.read(snapshot)
         sizes = Counter(v.group for v in snapshot.backends)
-        if self._speculated_at is None or (chosen.speculative and decision.reason not in _NOT_A_MODE):
-            self._speculated_at = snapshot.at  # since the first routing: a trial waits on a whole wait
-        if decision.reason == REACH_TRIAL and self._trial is None:
-            self._trial = _Trial(chosen.group, snapshot.at, snapshot.group_inflight(chosen) + 1.0)
         if sizes[chosen.group] > 1 and decision.reason not in _NOT_A_MODE:
             self._modes[chosen.group] = chosen.speculative
             if chosen.speculative:  # the drained streams are where the group's new requests go
@@ -414,7 +394,6 @@ class AdaptivePolicy(Policy):
         tokens = progress.chunks * arm.tau
         seconds = self._decoding(progress.seconds, progress.group_prompt_tokens)
         arm.estimator.observe(progress.mean_inflight, seconds / tokens, max(round(tokens), 1))
-        self._read(arm)
 
     def observe(self, completion: Completion) -> None:
         arm = self._arms.get(completion.backend)
@@ -445,7 +424,6 @@ class AdaptivePolicy(Policy):
             self._judge_probe(arm, taught_nothing=abs(tpot / arm.estimator.predict(n) - 1.0) <= PROBE_AGREEMENT)
         relearns = arm.estimator.relearns
         arm.estimator.observe(n, tpot, tokens)
-        self._read(arm)
         if arm.estimator.relearns > relearns:  # this backend changed: the comparison is open again
             for each in self._arms.values():
                 each.probe_interval = self.probe_every
@@ -475,12 +453,6 @@ class AdaptivePolicy(Policy):
             return
         arm.learn_tau(reading.tokens, reading.request_steps)
         arm.estimator.observe(reading.batch, reading.tpot, reading.tokens)
-        self._read(arm)
-
-    def _read(self, arm: Arm) -> None:
-        """`arm`'s curve took a point: a reach trial on its group has measured EAGLE there."""
-        if self._trial is not None and arm.speculative and arm.group == self._trial.group:
-            self._trial.measured = True
 
     def predicted_tpot(self, snapshot: PoolSnapshot, backend: str) -> float | None:
         """Its fitted TPOT for one more request on `backend`'s group at `snapshot`'s load (as `beliefs`)."""
@@ -548,7 +520,6 @@ class AdaptivePolicy(Policy):
             "prefix_hit_share": self._hit_share,
             "mean_output_tokens": self._mean_output,
             "prefix_reuse": self._reuse(),
-            "reach_trial": vars(self._trial).copy() if self._trial is not None else None,
         }
         if snapshot is not None:
             outlooks = {v.name: self._outlook(v) for v in snapshot.backends}
@@ -808,11 +779,10 @@ class AdaptivePolicy(Policy):
 
     def _groups(self, snapshot: PoolSnapshot) -> dict[str, GroupState]:
         load, settled, arriving = self._group_loads(snapshot)
-        trying = self._trying(snapshot)
         prefilling = self._prefilling()
         burst = self._forecast.in_burst(snapshot.at)
         ends = self._prefill_ends
-        return {v.group: GroupState(load, self._modes.get(v.group), settled, v.group in trying, arriving, prefilling, burst,
+        return {v.group: GroupState(load, self._modes.get(v.group), settled, arriving, prefilling, burst,
                                     max(ends.get(v.group, 0.0) - snapshot.at, 0.0))
                 for v in snapshot.backends}
 
@@ -821,25 +791,6 @@ class AdaptivePolicy(Policy):
         over a life as are in flight, each sent the mean prompt tokens to prefill, at the engines' cost."""
         cost, life, sent = self._engine_prefill_cost(), self._forecast.life, self._sent.mean
         return sent * cost / life if sent is not None and cost > 0.0 and life > 0.0 else 0.0
-
-    def _trying(self, snapshot: PoolSnapshot) -> set[str]:
-        """The groups that may be in a reach trial now: the one in it (`TRIAL_HOLD_LIVES` lives, while its load
-        stays within `TRIAL_GROWTH` times the load it began at until EAGLE's curve took a point there), else
-        every group once speculation has had no request for `TRIAL_LIVES` lives (the first routed there
-        starts it), else none."""
-        life = self._forecast.life
-        groups = {v.group for v in snapshot.backends}
-        if len(groups) < 2 or life <= 0.0:
-            return set()
-        if self._trial is not None:
-            trial = self._trial
-            load = sum(v.inflight for v in snapshot.backends if v.group == trial.group)
-            behind = not trial.measured and load > TRIAL_GROWTH * trial.load
-            if snapshot.at - trial.since < TRIAL_HOLD_LIVES * life and not behind:
-                return {trial.group}
-            self._trial = None
-        starved = self._speculated_at is not None and snapshot.at - self._speculated_at >= TRIAL_LIVES * life
-        return groups if starved else set()
 
     def _capped_was_faster(self, states: list[BackendState], chosen: str) -> bool:
         """Whether a backend at its cap would have served this request faster than the one chosen."""
@@ -863,17 +814,6 @@ class AdaptivePolicy(Policy):
 
     def _spec_factor(self, arm: Arm) -> float:
         return self._factor(bool(arm.speculative), arm.estimator.evidence)
-
-
-@dataclass
-class _Trial:
-    """A reach trial: its group, when it began and the group's in-flight count then, and whether EAGLE's curve
-    has taken a point from the group's EAGLE server since."""
-
-    group: str
-    since: float
-    load: float
-    measured: bool = False
 
 
 def _waiting_for_room(available: list[BackendView], prompt: Prompt | None, mean_output: float, drain: Callable[[BackendView], float]) -> set[str]:

@@ -8,11 +8,10 @@ in brackets: (1) a co-located group runs the mode serving `L = max(n_group + 1, 
 requests a switch strands in the old mode (both servers' steps every round until they drain)
 [`adaptive_group_switch`, else `adaptive_group_stay`], leaves speculation only for a gain at the load the
 request meets over its life too, and turns to speculation only for one at its settled load too, within
-the load EAGLE was measured at or in a trial past it [`adaptive_reach_trial`]; (3) the request goes to the
-group where it would decode fastest, priced at the round it joins (its server's step and the other's if
-busy), slowed by its requests' prefill (alike for both modes), its first token after the prefill queued
-there [`adaptive_prefill_wait`]; (4) a capped backend gets nothing [`adaptive_cap`], nor a `full` one
-[`adaptive_kv_room`]. Prices count the wait for KV room (`BackendState.room`). More: docs/adaptive.md.
+the load EAGLE was measured at; (3) the request goes to the group where it would decode fastest, priced at
+the round it joins (its server's step and the other's if busy), slowed by its requests' prefill (alike for
+both modes), its first token after the prefill queued there [`adaptive_prefill_wait`]; (4) a capped backend
+gets nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]. Prices count the wait for KV room (`BackendState.room`). More: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gateway.policies.adaptive.fit import SPREAD, Curve
+from gateway.policies.adaptive.fit import Curve
 from gateway.policies.lane import TierSettings
 from gateway.pool.snapshot import PoolSnapshot
 
@@ -37,8 +36,6 @@ EAGLE_REACH = 1.25
 
 # The reason of a decision that turned a co-located group to the other mode (its strays may follow: `moves`).
 GROUP_SWITCH = "adaptive_group_switch"
-# The reason of one that turned a plain group to speculation past EAGLE's measured reach, to measure it there.
-REACH_TRIAL = "adaptive_reach_trial"
 # The reason of one that passed over a server whose KV cache would have made it wait (`BackendState.full`).
 KV_ROOM = "adaptive_kv_room"
 # The reason of one that passed over the group the load chose for the prefill queued there (`GroupState.queued`).
@@ -99,7 +96,6 @@ class GroupState:
     load: float = 0.0
     mode: bool | None = None  # speculative?
     settled: float = 0.0  # its mean load over the last few lives: speculation resumes only when that is light too
-    trial: bool = False  # it may try speculation past EAGLE's reach, or is trying it (`_reach_trial`)
     arriving: float = math.inf  # requests expected to arrive at it over the next request life (inf: not known)
     # The share of its time each request in flight brings its engines' prefill to (the arrivals it stands
     # for): its requests decode that much slower than its servers' curves, which are of decode alone.
@@ -309,9 +305,6 @@ def _group_option(members: list[BackendState], state: GroupState, present: float
     best = next(b for b in ranked if b.open)
     pick, reason = best, "adaptive_predicted_faster" if best is ranked[0] else _closed(ranked[0])
     mode = _mode(members, state)
-    trial = _reach_trial(members, load, mode, state) if state.trial else None
-    if trial is not None:
-        return _Option(trial, REACH_TRIAL, _joined_tpot(trial, members), total)
     if mode is not None and best.speculative != mode:
         stay = next(b for b in members if b.speculative == mode)
         if not stay.open:
@@ -391,20 +384,6 @@ def _edge(eagle: BackendState) -> float:
     """The most load at which EAGLE's line is taken as measured."""
     assert eagle.line is not None
     return EAGLE_REACH * max(eagle.line.reach, 1.0)
-
-
-def _reach_trial(members: list[BackendState], load: float, mode: bool | None, state: GroupState) -> BackendState | None:
-    """The EAGLE server of a group in a reach trial (`GroupState.trial`): while EAGLE was measured near one
-    request only, so that its line's slope is the estimator's prior (a measured slope is believed), and
-    the group's settled load is beyond its reach. A plain group starts one where EAGLE is worth switching
-    to at the edge of its reach; the group then stays on EAGLE until its responses there measure it."""
-    eagle = next((b for b in members if b.speculative and b.open and b.line is not None), None)
-    plain = next((b for b in members if not b.speculative and b.line is not None), None)
-    if eagle is None or plain is None or eagle.line is None or eagle.line.reach >= SPREAD:
-        return None
-    if max(load, state.settled) <= _edge(eagle):
-        return None
-    return eagle if mode is True or _worth_switching(plain, eagle, _edge(eagle)) else None
 
 
 def _mode(members: list[BackendState], state: GroupState) -> bool | None:
