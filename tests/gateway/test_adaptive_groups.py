@@ -491,3 +491,28 @@ def test_an_arrival_at_an_idle_node_under_light_traffic_speculates_whatever_the_
     for k in range(10):  # each arrival a second apart finds two plain requests in flight
         busy.routed(replace(groups((0, 2)), at=10.0 + k), Decision("g0-plain", "adaptive_predicted_faster"))
     assert busy.choose(replace(groups((0, 0)), at=21.0)).backend == "g0-plain"
+
+
+def test_under_light_traffic_where_prefixes_are_reused_a_group_runs_the_mode_its_arrival_rate_wants() -> None:
+    """field-8gpu's lines: EAGLE carries fewer than about 100 output tokens a second with shorter lives, plain
+    more (rules.rate_tpot). Lone arrivals of 129 tokens each, every one finding the node idle: a second
+    apart plain carries them better, four seconds apart EAGLE. Where prompts are three quarters cached
+    (conversations), the group runs that mode whatever the instant holds: a lone arrival decodes plain at
+    the faster rate, and at the slower one a second arrival beside EAGLE's request stays on EAGLE. Where
+    prompts share nothing, the count rules as before."""
+
+    def light(gap: float, *, reused: bool) -> AdaptivePolicy:
+        policy = trained(1, FIELD_EAGLE, FIELD_PLAIN, points=4000)
+        cached = 96 if reused else 0
+        for _ in range(400):  # lives of about 0.6 s
+            policy.observe(Completion("g0-plain", 129, 0.02, 128 * FIELD_PLAIN.at(1), 1.0, 1.0, prompt_tokens=128, cached_tokens=cached))
+        for k in range(40):
+            policy.routed(replace(groups((0, 0)), at=10.0 + gap * k), Decision("g0-eagle", "adaptive_predicted_faster"))
+        return policy
+
+    now = 10.0 + 40.0
+    assert light(1.0, reused=True).choose(replace(groups((0, 0)), at=now)) == Decision("g0-plain", "adaptive_group_switch")
+    assert light(1.0, reused=False).choose(replace(groups((0, 0)), at=now)).backend == "g0-eagle"
+    now = 10.0 + 4.0 * 40
+    assert light(4.0, reused=True).choose(replace(groups((1, 0)), at=now)).backend == "g0-eagle"
+    assert light(4.0, reused=False).choose(replace(groups((1, 0)), at=now)).backend == "g0-plain"

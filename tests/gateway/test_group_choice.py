@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from gateway.policies.adaptive.fit import Curve, EstimatorConfig, TpotCurve, TpotEstimator, TpotLine
-from gateway.policies.adaptive.rules import BackendState, GroupState, PromptCost, choose
+from gateway.policies.adaptive.rules import BackendState, GroupState, PromptCost, choose, rate_tpot
 
 # field-8gpu's calibrated lines (ms per token): EAGLE step 5.82 + 8.47n at tau 3, plain 4.53 + 1.294n.
 # Their whole-load crossover is about 1.7 requests.
@@ -399,3 +400,52 @@ def test_the_prefill_its_requests_bring_weighs_on_where_a_request_goes_never_on_
         for mode in (True, False):
             one = [eagle(inflight=n if mode else 0), plain(inflight=0 if mode else n)]
             assert choose(one, {"g0": GroupState(mode=mode, prefilling=0.2)}) == choose(one, {"g0": GroupState(mode=mode)})
+
+
+# Under light traffic the group's mode follows its arrival rate (`GroupState.offered`, output tokens per
+# ms here as the lines are in ms): with field-8gpu's lines EAGLE carries a rate below about 0.1 with
+# shorter lives, plain a rate above it.
+
+
+def test_a_flat_line_carries_any_rate_at_its_own_tpot_and_a_rate_past_a_line_s_capacity_never_settles() -> None:
+    flat = plain(line=TpotLine(5.0, 0.0))
+    for offered in (0.01, 0.5, 20.0):
+        assert rate_tpot(flat, offered) == pytest.approx(5.0)
+    # field-8gpu's plain line carries at most 1 / 1.294 tokens per ms, however many requests it holds.
+    assert rate_tpot(plain(), 1.5 / 1.294) == math.inf
+    assert rate_tpot(plain(), 0.5 / 1.294) < math.inf
+
+
+def test_the_modes_rate_tpots_cross_where_they_carry_a_rate_alike() -> None:
+    assert rate_tpot(eagle(), 0.0) == pytest.approx(FIELD_E.at(1))  # alone: its lone TPOT
+    for offered in (0.02, 0.05, 0.08):
+        assert rate_tpot(eagle(), offered) < rate_tpot(plain(), offered)
+    for offered in (0.12, 0.2, 0.3):
+        assert rate_tpot(eagle(), offered) > rate_tpot(plain(), offered)
+    # A random arrival meets the mean load a life holds, not the instant's: at 0.05 EAGLE holds 0.28 on
+    # average where a second request in flight (the instant's count) would have plain faster.
+    assert FIELD_E.at(2) > FIELD_P.at(2)
+
+
+def test_under_light_traffic_a_group_runs_the_mode_its_rate_wants_whatever_the_instant_holds() -> None:
+    busy = [eagle(inflight=1, remaining=0.5), plain()]
+    assert choose(busy, {"g0": GroupState(2.0, True)}) == ("plain-g0", "adaptive_group_switch")  # by the count
+    assert choose(busy, {"g0": GroupState(2.0, True, offered=0.05)}) == ("eagle-g0", "adaptive_predicted_faster")
+    # An idle group whose arrivals come faster than EAGLE carries them decodes plain, lone as this one is.
+    assert choose([eagle(), plain()], {"g0": GroupState(1.0, True)}) == ("eagle-g0", "adaptive_predicted_faster")
+    assert choose([eagle(), plain()], {"g0": GroupState(1.0, True, offered=0.2)}) == ("plain-g0", "adaptive_group_switch")
+    assert choose([eagle(), plain()], {"g0": GroupState(1.0, False, offered=0.2)}) == ("plain-g0", "adaptive_predicted_faster")
+
+
+def test_under_light_traffic_a_group_keeps_its_mode_within_the_margin_and_past_the_other_line_s_reach() -> None:
+    # At 0.1 the modes' lives are within 1% of each other: either mode is kept.
+    for mode, kept in ((True, "eagle-g0"), (False, "plain-g0")):
+        assert choose([eagle(), plain()], {"g0": GroupState(1.0, mode, offered=0.1)})[0] == kept
+    # Plain measured at one request alone: its line is its prior past there, flatter than plain decodes.
+    lone = TpotCurve(((1.0, FIELD_P.at(1)),), 0.01 * FIELD_P.at(1), 0.01 * FIELD_P.at(1))
+    assert rate_tpot(plain(line=lone), 0.08) < rate_tpot(eagle(), 0.08)
+    # Its arrivals would meet more than that one: a speculating group stays.
+    assert choose([eagle(), plain(line=lone)], {"g0": GroupState(1.0, True, offered=0.08)})[0] == "eagle-g0"
+    # Measured where they would meet it, it draws the group.
+    measured = TpotCurve(((1.0, FIELD_P.at(1)), (4.0, 1.01 * FIELD_P.at(1))), 0.0, 0.0)
+    assert choose([eagle(), plain(line=measured)], {"g0": GroupState(1.0, True, offered=0.08)}) == ("plain-g0", "adaptive_group_switch")

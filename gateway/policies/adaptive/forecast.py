@@ -1,18 +1,18 @@
 """The load the node is about to carry over one request's life, and the load it has been carrying.
 
-A routing decision holds for a request's whole life, so a group's mode must suit the load over that
-life. A request decodes beside the load arrivals meet: each arrival's in-flight count, itself
-included, averaged over the arrivals of the last life (the forecast) and of the last few
-(`settled`), reaching back to the last `MET_ARRIVALS` within `_KEEP_LIVES` lives at light load. Under
-open loop that is one more than the time-averaged in-flight count (an arrival meets the average and
-adds itself); a closed loop's arrivals meet its concurrency. The forecast is the larger of that mean
-and what is there now (in flight and this request) plus the rise of the in-flight count over
-the last quarter life carried half a life ahead: a step up in open-loop load is seen after a handful
-of arrivals. A burst is one event, not a rate that goes on (a closed loop starting, or replacing its
-completions in waves), so it is left out of the rise; the gateway reads it one request at a time,
-over a millisecond or so: arrivals closer than a small share of the mean gap came in one burst. One
-finding the node idle under light traffic meets only those joining it (`joining`). The life is the
-EWMA of finished requests' arrival-to-last-token times; until one, only what is there now counts.
+A routing decision holds for a request's whole life, so a group's mode must suit the load over that life. A
+request decodes beside the load arrivals meet: each arrival's in-flight count, itself included, averaged over
+the arrivals of the last life (the forecast) and of the last few (`settled`), reaching back to the last
+`MET_ARRIVALS` within `_KEEP_LIVES` lives at light load. Under open loop that is one more than the
+time-averaged in-flight count (an arrival meets the average and adds itself); a closed loop's arrivals meet
+its concurrency. The forecast is the larger of that mean and what is there now (in flight and this request)
+plus the rise of the in-flight count over the last quarter life carried half a life ahead: a step up in
+open-loop load is seen after a handful of arrivals. A burst is one event, not a rate that goes on (a closed
+loop starting, or replacing its completions in waves), so it is left out of the rise; the gateway reads it one
+request at a time, over a millisecond or so: arrivals closer than a small share of the mean gap came in one
+burst. One finding the node idle under light traffic meets only those joining it (`joining`); light traffic's
+rate is the gateway's routings a second (`light_rate`). The life is the EWMA of finished requests'
+arrival-to-last-token times; until one, only what is there now counts.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ _KEEP_LIVES = 2 * SETTLED_LIVES  # ... of this many lives at most; older ones ar
 # An arrival within this share of the mean gap between the arrivals kept (reckoned at MET_ARRIVALS a life
 # at least) of the one before came in the same burst: a 32nd of the mean gap catches 3% of Poisson gaps.
 INSTANT_SHARE = 1.0 / 32.0
+# The light traffic's rate is read over this many arrivals at most.
+RATE_ARRIVALS = 32
 # Traffic is light where at least this share of the last MET_ARRIVALS arrivals found the node idle.
 IDLE_SHARE = 0.5
 
@@ -43,14 +45,17 @@ class LoadForecast:
         self._times: list[float] = []  # routing times, in order
         self._met: list[float] = [0.0]  # running sum of the loads the arrivals met (one entry ahead of `_times`)
         self._idle: list[int] = [0]  # running count of the arrivals that found the node idle (alike)
+        self._decisions: list[int] = []  # the gateway's count of routings at each of `_times` (every worker's)
         self._first = 0  # index of the oldest kept
         self._routed: deque[tuple[float, int, bool]] = deque()  # (time, in flight with it, in a burst)
         self._batched = 0  # how many of those came in a burst
 
-    def arrived(self, at: float, inflight: int) -> None:
-        """A request was routed at `at` (the pool's clock) with `inflight` already in flight."""
+    def arrived(self, at: float, inflight: int, decisions: int) -> None:
+        """A request was routed at `at` (the pool's clock) with `inflight` already in flight, the whole
+        gateway's `decisions`-th routing (every worker's counted)."""
         batch = self._first < len(self._times) and at - self._times[-1] <= self._instant()
         self._times.append(at)
+        self._decisions.append(decisions)
         self._met.append(self._met[-1] + inflight + 1)
         self._idle.append(self._idle[-1] + (inflight == 0))
         self._routed.append((at, inflight + 1, batch))
@@ -58,7 +63,7 @@ class LoadForecast:
         if self.life > 0.0:
             self._first = bisect.bisect_left(self._times, at - _KEEP_LIVES * self.life, lo=self._first)
             if self._first > 1024 and self._first * 2 > len(self._times):
-                del self._times[: self._first], self._met[: self._first], self._idle[: self._first]
+                del self._times[: self._first], self._met[: self._first], self._idle[: self._first], self._decisions[: self._first]
                 self._first = 0
             horizon = at - RISE_WINDOW * self.life
             while self._routed and self._routed[0][0] < horizon:
@@ -107,6 +112,17 @@ class LoadForecast:
             return None
         found = (self._met[-1] - self._met[-1 - MET_ARRIVALS]) / MET_ARRIVALS - 1.0
         return found / 2.0
+
+    def light_rate(self) -> float | None:
+        """Under light traffic (`joining`'s test), the whole gateway's arrivals a second over its last
+        `RATE_ARRIVALS` or more, however old (more than the test reads: a window the test found light is
+        one whose arrivals came slowly); None otherwise, or while those came at one instant."""
+        if self.joining() is None:
+            return None
+        counts, times = self._decisions, self._times
+        start = max(bisect.bisect_right(counts, counts[-1] - RATE_ARRIVALS) - 1, 0)
+        span = times[-1] - times[start]
+        return (counts[-1] - counts[start]) / span if span > 0.0 else None
 
     def in_burst(self, at: float) -> bool:
         """Whether a request routed at `at` comes in one burst with the one routed before it (`_instant`)."""

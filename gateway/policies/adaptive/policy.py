@@ -97,6 +97,10 @@ OUTPUT_RATE = 0.05
 # The most later requests a placement is priced for (`PromptCost.reuse`): the load a decision sees holds
 # for about as many lives as a group's mode switch is weighed over.
 REUSE_HORIZON = 4.0
+# Under light traffic a co-located group runs the mode its arrival rate wants (`GroupState.offered`) where
+# a prefix is reused at least this many times: each change of mode then strands the prefixes the other
+# server holds. Where prompts share little, each lone request's mode may follow the load of its moment.
+RATE_REUSE = 1.0
 # A response teaches the prefill cost only when it had at least this many prompt tokens to prefill:
 # shorter, its time to first token is mostly the step it joined, not its prompt.
 PREFILL_MIN_TOKENS = 256
@@ -270,7 +274,7 @@ class AdaptivePolicy(Policy):
         self.lane.routed(decision.tier)
         if decision.reason == GROUP_SWITCH:  # read before the arrival moves the forecast
             self._switched = (chosen.group, max(snapshot.group_inflight(chosen) + 1.0, self._group_loads(snapshot)[0]))
-        self._forecast.arrived(snapshot.at, snapshot.total_inflight)
+        self._forecast.arrived(snapshot.at, snapshot.total_inflight, self.lane.clock.decisions())
         self._arrival_output = self._mean_output
         self._sent.read(snapshot)
         sizes = Counter(v.group for v in snapshot.backends)
@@ -782,8 +786,11 @@ class AdaptivePolicy(Policy):
         prefilling = self._prefilling()
         burst = self._forecast.in_burst(snapshot.at)
         ends = self._prefill_ends
+        rate = self._forecast.light_rate() if self._reuse() >= RATE_REUSE else None
+        groups = len({v.group for v in snapshot.backends if v.available}) or 1
+        offered = None if rate is None else rate / groups * self._mean_output
         return {v.group: GroupState(load, self._modes.get(v.group), settled, arriving, prefilling, burst,
-                                    max(ends.get(v.group, 0.0) - snapshot.at, 0.0))
+                                    max(ends.get(v.group, 0.0) - snapshot.at, 0.0), offered)
                 for v in snapshot.backends}
 
     def _prefilling(self) -> float:

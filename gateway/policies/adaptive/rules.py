@@ -4,14 +4,15 @@ A group is GPUs running one EAGLE-3 and one plain server co-located (their steps
 alone (partitioned). Per backend: its TPOT curve (decode alone), in-flight count, tau and the share of its
 in-flight output to come; per group its loads, its mode, prefill share and queued prefill. `choose`, reasons
 in brackets: (1) a co-located group runs the mode serving `L = max(n_group + 1, expected)` fastest
-[`adaptive_predicted_faster`]; (2) it changes mode only when the gain over a few lives pays for the
-requests a switch strands in the old mode (both servers' steps every round until they drain)
+[`adaptive_predicted_faster`] (under light traffic with reused prefixes, `GroupState.offered`: the one whose
+lives are shortest at its arrival rate, `rate_tpot`); (2) it changes mode only when the gain over a few lives
+pays for the requests a switch strands in the old mode (both servers' steps every round until they drain)
 [`adaptive_group_switch`, else `adaptive_group_stay`], leaves speculation only for a gain at the load the
-request meets over its life too, and turns to speculation only for one at its settled load too, within
-the load EAGLE was measured at; (3) the request goes to the group where it would decode fastest, priced at
-the round it joins (its server's step and the other's if busy), slowed by its requests' prefill (alike for
-both modes), its first token after the prefill queued there [`adaptive_prefill_wait`]; (4) a capped backend
-gets nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]. Prices count the wait for KV room (`BackendState.room`). More: docs/adaptive.md.
+request meets over its life too, and turns to speculation only for one at its settled load too, within the
+load EAGLE was measured at; (3) the request goes to the group where it would decode fastest, priced at the
+round it joins (its server's step and the other's if busy), slowed by its requests' prefill (alike for both
+modes), its first token after the prefill queued there [`adaptive_prefill_wait`]; (4) a capped backend gets
+nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]; prices count the wait for KV room. More: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ DRAIN_PRICE = 2.0
 HANDOVER_PREFILL_SHARE = 1.0 / 3.0
 # A group's engines are taken to decode at least this share of the time, whatever prefill it is sent.
 MAX_PREFILLING = 0.75
+# The birth-death chain of `rate_tpot` is summed until a state weighs this share of the total, over at most
+# this many requests in flight (beyond: the rate is more than the server carries).
+RATE_TAIL = 1e-9
+RATE_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,11 @@ class GroupState:
     # Seconds of prefill already sent to its GPUs that a request sent now would wait behind for its first
     # token (its servers' prefills take turns on them).
     queued: float = 0.0
+    # Under light traffic (most arrivals find the node idle): the output tokens a second it is sent (its
+    # arrivals a second times the mean output). A co-located group then runs the mode that carries that
+    # rate fastest over the loads random arrivals bring (`rate_tpot`), not the one faster at the count
+    # of the moment: a lone request's mode would otherwise flip at each second arrival. None: not light.
+    offered: float | None = None
 
 
 @dataclass(frozen=True)
@@ -300,6 +310,8 @@ def _group_option(members: list[BackendState], state: GroupState, present: float
     if len(members) == 1:  # partitioned: at its own load
         only = members[0]
         return _Option(only, "adaptive_predicted_faster", _tpot(only, only.inflight + 1), total)
+    if state.offered is not None:
+        return _rate_option(members, state, strays_follow)
     load = max(total + 1.0, state.load)
     ranked = sorted(members, key=lambda b: (_tpot(b, load), b.name))
     best = next(b for b in ranked if b.open)
@@ -321,6 +333,56 @@ def _group_option(members: list[BackendState], state: GroupState, present: float
         moved = replace(pick, inflight=total)
         return _Option(pick, reason, _joined_tpot(moved, [moved]), total)
     return _Option(pick, reason, _joined_tpot(pick, members, drain=reason == GROUP_SWITCH), total)
+
+
+def _rate_option(members: list[BackendState], state: GroupState, strays_follow: bool) -> _Option | None:
+    """Under light traffic (`GroupState.offered`), a co-located group's best backend: the mode whose requests'
+    lives are shortest at the rate the group is sent (`rate_tpot`). The group keeps its mode unless the other
+    is faster by more than `SWITCH_MARGIN`, and measured as far as its arrivals would meet it: past there
+    its line is a prior (plain's flatters it) that no request of the other mode corrects."""
+    offered = state.offered
+    assert offered is not None
+    total = sum(b.inflight for b in members)
+    ranked = sorted(members, key=lambda b: (rate_tpot(b, offered), b.name))
+    mode = _mode(members, state)
+    want = ranked[0]
+    if mode is not None and want.speculative != mode:
+        stay = next(b for b in members if b.speculative == mode)
+        tpot = rate_tpot(want, offered)
+        met = 1.0 + offered * tpot  # what an arrival meets there: the mean in flight (Little) and itself
+        assert want.line is not None
+        if rate_tpot(stay, offered) <= (1.0 + SWITCH_MARGIN) * tpot or want.line.reach < met:
+            want = stay
+    pick = want if want.open else next((b for b in ranked if b.open), None)
+    if pick is None:
+        return None
+    reason = GROUP_SWITCH if mode is not None and pick.speculative != mode else "adaptive_predicted_faster"
+    if pick is not want:
+        reason = _closed(want)
+    if reason == GROUP_SWITCH and strays_follow:
+        moved = replace(pick, inflight=total)
+        return _Option(pick, reason, _joined_tpot(moved, [moved]), total)
+    return _Option(pick, reason, _joined_tpot(pick, members, drain=reason == GROUP_SWITCH), total)
+
+
+def rate_tpot(b: BackendState, offered: float) -> float:
+    """Mean seconds per output token of a request's life on `b` alone when random arrivals send it `offered`
+    output tokens a second: the in-flight count is the birth-death chain whose n requests each end at 1 /
+    (mean output x TPOT at n), whose mean over its stationary law is, by Little, the rate times the life.
+    Infinite where the rate outgrows what `b` carries."""
+    if offered <= 0.0:
+        return _tpot(b, 1.0)
+    weight = total = 1.0
+    held = 0.0
+    for n in range(1, RATE_LIMIT + 1):
+        weight *= offered * _tpot(b, n) / n
+        total += weight
+        held += n * weight
+        if not math.isfinite(held):
+            break
+        if weight <= RATE_TAIL * total:
+            return held / total / offered
+    return math.inf
 
 
 def _left(b: BackendState) -> float:
