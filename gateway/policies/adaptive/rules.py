@@ -329,6 +329,14 @@ def _group_option(members: list[BackendState], state: GroupState, present: float
             pick, reason = stay, "adaptive_group_stay"
         else:
             reason = GROUP_SWITCH
+    return _priced(pick, reason, members, strays_follow)
+
+
+def _priced(pick: BackendState, reason: str, members: list[BackendState], strays_follow: bool) -> _Option:
+    """`pick` as its group's option, at the TPOT a request joining it would see: where the group switches to
+    it and the strays follow, as the new mode carrying the group's whole load; else beside the group's other
+    server (draining where this request switches the group)."""
+    total = sum(b.inflight for b in members)
     if reason == GROUP_SWITCH and strays_follow:
         moved = replace(pick, inflight=total)
         return _Option(pick, reason, _joined_tpot(moved, [moved]), total)
@@ -342,7 +350,6 @@ def _rate_option(members: list[BackendState], state: GroupState, strays_follow: 
     its line is a prior (plain's flatters it) that no request of the other mode corrects."""
     offered = state.offered
     assert offered is not None
-    total = sum(b.inflight for b in members)
     ranked = sorted(members, key=lambda b: (rate_tpot(b, offered), b.name))
     mode = _mode(members, state)
     want = ranked[0]
@@ -359,10 +366,7 @@ def _rate_option(members: list[BackendState], state: GroupState, strays_follow: 
     reason = GROUP_SWITCH if mode is not None and pick.speculative != mode else "adaptive_predicted_faster"
     if pick is not want:
         reason = _closed(want)
-    if reason == GROUP_SWITCH and strays_follow:
-        moved = replace(pick, inflight=total)
-        return _Option(pick, reason, _joined_tpot(moved, [moved]), total)
-    return _Option(pick, reason, _joined_tpot(pick, members, drain=reason == GROUP_SWITCH), total)
+    return _priced(pick, reason, members, strays_follow)
 
 
 def rate_tpot(b: BackendState, offered: float) -> float:
