@@ -142,6 +142,23 @@ def test_speculation_is_left_at_the_price_of_moving_its_young_streams_where_the_
     assert choose(plain_young, {"g0": GroupState(2.0, False, settled=2.0)}) == ("plain-g0", "adaptive_group_stay")
 
 
+def test_speculation_is_not_left_for_a_rise_the_settled_load_does_not_share() -> None:
+    # Lines crossing at 3 requests (the lines above); two EAGLE streams halfway, which would follow a switch at
+    # 0.1 a token of re-prefill. The forecast reads 6, but the group settled at 2, where EAGLE is faster: under
+    # random arrivals such a rise passes, and a switch this cheap would be made again at every peak.
+    e, p = TpotLine(1.0, 1.0), TpotLine(2.5, 0.5)
+    backends = [replace(eagle(inflight=2, line=e, remaining=0.5), takeover=0.1), plain(line=p)]
+    assert choose(backends, {"g0": GroupState(6.0, True, settled=6.0)}) == ("plain-g0", "adaptive_group_switch")
+    assert choose(backends, {"g0": GroupState(6.0, True, settled=2.0)}) == ("eagle-g0", "adaptive_group_stay")
+    # A burst's size is not told by the load settled before it: its requests leave speculation at the load they meet.
+    assert choose(backends, {"g0": GroupState(6.0, True, settled=2.0, burst=True)}) == ("plain-g0", "adaptive_group_switch")
+    # Streams that stay to drain (or whose re-prefill is not known yet) are priced as before: their drain
+    # at the forecast, which plain's gain at 6 pays for.
+    assert choose(backends, {"g0": GroupState(6.0, True, settled=2.0)}, strays_follow=False) == ("plain-g0", "adaptive_group_switch")
+    unknown = [replace(backends[0], takeover=None), backends[1]]
+    assert choose(unknown, {"g0": GroupState(6.0, True, settled=2.0)}) == ("plain-g0", "adaptive_group_switch")
+
+
 def test_a_switch_is_priced_as_the_new_mode_carrying_the_groups_load() -> None:
     # Lines crossing at 3 requests (tau 3), 8 expected per group: g0 speculates with four streams and would
     # switch, g1 already decodes six plain. The switch moves g0's streams to plain (rule 7): 5 there, 5.0 ms

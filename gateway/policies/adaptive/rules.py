@@ -6,13 +6,13 @@ in-flight output to come; per group its loads, its mode, prefill share and queue
 in brackets: (1) a co-located group runs the mode serving `L = max(n_group + 1, expected)` fastest
 [`adaptive_predicted_faster`] (under light traffic with reused prefixes, `GroupState.offered`: the one whose
 lives are shortest at its arrival rate, `rate_tpot`); (2) it changes mode only when the gain over a few lives
-pays for the requests a switch strands in the old mode (both servers' steps every round until they drain)
-[`adaptive_group_switch`, else `adaptive_group_stay`], leaves speculation only for a gain at the load the
-request meets over its life too, and turns to speculation only for one at its settled load too, within the
-load EAGLE was measured at; (3) the request goes to the group where it would decode fastest, priced at the
-round it joins (its server's step and the other's if busy), slowed by its requests' prefill (alike for both
-modes), its first token after the prefill queued there [`adaptive_prefill_wait`]; (4) a capped backend gets
-nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]; prices count the wait for KV room. More: docs/adaptive.md.
+pays for the requests a switch strands (their drain, or their re-prefill where they follow it and the gain
+holds at its settled load too) [`adaptive_group_switch`, else `adaptive_group_stay`], and turns to
+speculation only for a gain at its settled load too, within the load EAGLE was measured at; (3) the request
+goes to the group where it would decode fastest, priced at the round it joins, slowed by its requests'
+prefill (alike for both modes), its first token after the prefill queued there [`adaptive_prefill_wait`];
+(4) a capped backend gets nothing [`adaptive_cap`], nor a `full` one [`adaptive_kv_room`]; prices count the
+wait for KV room. More: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -431,11 +431,13 @@ def _worth_switching(old: BackendState, new: BackendState, load: float, follow: 
 
 def _may_leave(eagle: BackendState, plain: BackendState, load: float, state: GroupState, follow: bool) -> bool:
     """Whether a group running speculation should turn to plain decode at `load` (the load a request meets over
-    its life): worth it against draining its EAGLE requests, or, where they follow the switch, against their
-    re-prefill if the gain holds at its settled load too, or the request comes in a burst (a passing peak is
-    switched back: its drain is the price)."""
-    held = load if state.burst else min(load, state.settled)
-    return _worth_switching(eagle, plain, load) or (follow and _worth_switching(eagle, plain, held, follow=True))
+    its life). Where its EAGLE requests follow the switch at a known re-prefill, that is their price, and
+    the gain must hold at the load the group settled at (unless the request comes in a burst, whose size
+    that load does not tell): a switch so cheap would otherwise be made at each passing peak of random
+    arrivals, mixing the group's modes until it switched back. Else their drain is the price, at `load`."""
+    if follow and eagle.takeover is not None:
+        return _worth_switching(eagle, plain, load if state.burst else min(load, state.settled), follow=True)
+    return _worth_switching(eagle, plain, load)
 
 
 def _may_speculate(plain: BackendState, eagle: BackendState, load: float, state: GroupState) -> bool:
