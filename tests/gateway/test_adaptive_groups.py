@@ -516,3 +516,26 @@ def test_under_light_traffic_where_prefixes_are_reused_a_group_runs_the_mode_its
     now = 10.0 + 4.0 * 40
     assert light(4.0, reused=True).choose(replace(groups((1, 0)), at=now)).backend == "g0-eagle"
     assert light(4.0, reused=False).choose(replace(groups((1, 0)), at=now)).backend == "g0-plain"
+
+
+def test_where_prompts_share_nothing_a_request_pays_the_step_it_joins_so_speculation_ends_at_its_crossover() -> None:
+    """Lines that cross at 8 in flight (EAGLE 2 + 0.5n ms, plain 4 + 0.25n), tau 3, answers of 33 tokens.
+    A group carrying 8 at EAGLE's crossover: by the lines alone plain gains nothing, and it stays. But a
+    joining request waits out the step in progress once, and a speculative step is 3 tokens long: over
+    33 tokens that prices EAGLE 9% up and plain 3%, and the group turns plain. Not where prompts reuse
+    prefixes (rule 1 weighs those by the traffic's rate), nor before 32 responses have told the reuse."""
+    eagle, plain = TpotLine(2.0 * MS, 0.5 * MS), TpotLine(4.0 * MS, 0.25 * MS)
+
+    def at_crossover(cached: int, responses: int) -> Decision:
+        policy = trained(1, eagle, plain)
+        for i in range(responses):
+            n = 1 + i % 16
+            policy.observe(replace(completion("g0-eagle", eagle, n, tokens=33, chunks=11), prompt_tokens=128, cached_tokens=cached))
+            policy.observe(replace(completion("g0-plain", plain, n, tokens=33, chunks=33), prompt_tokens=128, cached_tokens=cached))
+        for k in range(40):  # each arrival meets 7 in flight: the forecast is 8
+            policy.routed(replace(groups((7, 0)), at=10.0 + 0.01 * k), Decision("g0-eagle", "adaptive_predicted_faster"))
+        return policy.choose(replace(groups((7, 0)), at=10.4))
+
+    assert at_crossover(0, 200) == Decision("g0-plain", "adaptive_group_switch")
+    assert at_crossover(96, 200) == Decision("g0-eagle", "adaptive_predicted_faster")  # three quarters cached
+    assert at_crossover(0, 15) == Decision("g0-eagle", "adaptive_predicted_faster")  # 30 responses: reuse not yet known

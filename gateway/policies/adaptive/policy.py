@@ -101,6 +101,10 @@ REUSE_HORIZON = 4.0
 # a prefix is reused at least this many times: each change of mode then strands the prefixes the other
 # server holds. Where prompts share little, each lone request's mode may follow the load of its moment.
 RATE_REUSE = 1.0
+# Where prompts share little, a request's price counts the step in progress it waits out once when it joins
+# (`_join_wait`), once this many responses have told how much of their prompts was cached: before, the
+# traffic's reuse is not known.
+REUSE_KNOWN = 32
 # A response teaches the prefill cost only when it had at least this many prompt tokens to prefill:
 # shorter, its time to first token is mostly the step it joined, not its prompt.
 PREFILL_MIN_TOKENS = 256
@@ -180,6 +184,7 @@ class AdaptivePolicy(Policy):
         self._arrival_output = self._mean_output
         self._footprint: float | None = None  # KV tokens a request holds: mean uncached prompt + output
         self._hit_share = 0.0  # mean share of a prompt its backend had cached
+        self._hits_read = 0  # responses whose cached share it has read
         self._modes: dict[str, bool] = {}  # co-located group -> the kind its new requests last went to
         self._last: dict[str, str] = {}  # group -> its last decision, "backend: reason"
         self._drained: set[str] = set()  # plain servers whose group's streams went to EAGLE in a drain (rule 9)
@@ -474,6 +479,7 @@ class AdaptivePolicy(Policy):
         if completion.prompt_tokens > 0:
             share = min(completion.cached_tokens / completion.prompt_tokens, 1.0)
             self._hit_share += OUTPUT_RATE * (share - self._hit_share)
+            self._hits_read += 1
         uncached = completion.prompt_tokens - completion.cached_tokens
         # Uncached: a prefix other requests share is held once (an own earlier turn's is not, and is
         # missed: the room is then overestimated, which errs towards pricing no wait at all).
@@ -665,8 +671,9 @@ class AdaptivePolicy(Policy):
 
     def _state(self, view: BackendView, outlook: Outlook, kinds: dict[bool, KindLine], *, full: bool = False) -> BackendState:
         """The backend as the group rule sees it: its kind's pooled line (EAGLE's scaled by the
-        speculation prior), tau, the share of expected output its in-flight requests still have
-        to produce, and (`full`) whether this request would wait there for KV room.
+        speculation prior, each raised by the join wait: `_join_wait`), tau, the share of expected output
+        its in-flight requests still have to produce, and (`full`) whether this request would wait there
+        for KV room.
 
         Backends of one kind share one line: the launcher makes every group alike, and per-backend
         fits of identical servers drift apart by noise, which made the group rule pile requests on
@@ -675,6 +682,9 @@ class AdaptivePolicy(Policy):
         """
         line = self._kind_line(view.speculative, kinds) if view.speculative in kinds else None
         tau = outlook.tau if view.speculative else 1.0
+        wait = self._join_wait(tau)
+        if line is not None and wait > 0.0:
+            line = line.scaled(1.0 + wait)
         produced = view.relayed_chunks * tau
         remaining = max(0.0, 1.0 - produced / view.expected_tokens) if view.expected_tokens > 0 else 0.0
         return BackendState(
@@ -691,6 +701,15 @@ class AdaptivePolicy(Policy):
             full=full,
             takeover=self._takeover(view, remaining) if self.move_running else None,
         )
+
+    def _join_wait(self, tau: float) -> float:
+        """The share a request's decode time grows by for the step in progress it waits out once when it
+        joins, spread over its output: a step over the mean output, where a step yields `tau` tokens (a
+        speculative step is the longer by `tau`). 0 where a prefix is reused at least `RATE_REUSE` times
+        (docs/adaptive.md, rule 1 in full) or before `REUSE_KNOWN` responses have told the reuse."""
+        if self._hits_read < REUSE_KNOWN or self._reuse() >= RATE_REUSE:
+            return 0.0
+        return tau / max(self._mean_output, 1.0)
 
     def _drain_time(self, view: BackendView, outlook: Outlook, kinds: dict[bool, KindLine]) -> float:
         """Seconds until `view`'s in-flight requests have all ended: their mean output left (a mean response's
